@@ -1,0 +1,5 @@
+"""``python -m fleetctl``."""
+
+from fleetctl.cli import main
+
+main()

@@ -1,0 +1,248 @@
+"""The blueprint: the authoritative source of every managed file (DESIGN.md §1).
+
+Layout::
+
+    blueprint/runner/               the agent runner, copied to every host
+    blueprint/skills/<name>/        SKILL.md and the CLIs in bin/, copied where a role uses them
+    blueprint/roles/<role>.yaml     prompt, skills, capabilities, check command, budgets
+    blueprint/credentials/          least-privilege credential templates (rendered by a later issue)
+    blueprint/attributes.yaml       declared modes/owners and empty directories (optional)
+    blueprint/.fleetignore          live paths that change by design, never drift (optional)
+
+File modes come from the blueprint's own metadata, never from the checkout's filesystem: a
+mode declared in ``attributes.yaml`` wins, then the executable bit git records in its index
+(``100755``), else ``0644``; directories are ``0755`` unless declared. Where the blueprint is not
+in a git repository only declared modes apply.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import pathspec
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from fleetctl.errors import InputError
+from fleetctl.yamlfile import input_error, load_model, load_yaml
+
+_MODE = re.compile(r"^[0-7]{3,4}$")
+_OWNER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(:[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
+
+
+def _mode(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        # YAML reads an unquoted 0644 as the integer 420: refuse rather than guess.
+        raise ValueError("mode must be a quoted octal string such as \"0644\"")
+    if not _MODE.match(value):
+        raise ValueError(f"mode must be 3 or 4 octal digits such as \"0644\" or \"1777\" (quoted), got {value!r}")
+    return value.rjust(4, "0")
+
+
+def _owner(value: str | None) -> str | None:
+    if value is not None and not _OWNER.match(value):
+        raise ValueError(f"owner must be \"user\" or \"user:group\", got {value!r}")
+    return value
+
+
+Mode = Annotated[str, BeforeValidator(_mode)]
+Owner = Annotated[str, AfterValidator(_owner)]
+
+
+class Role(BaseModel):
+    """One ``roles/<role>.yaml``: what an agent of this role is and may do.
+
+    Later issues (runner, tokens, credentials) read the fields beyond ``prompt`` and ``skills``;
+    they are validated here so a typo is caught on the first ``drift``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+    prompt: str
+    skills: list[str] = Field(default_factory=list)
+    capabilities: list[str] = Field(default_factory=list)
+    check: str | None = None
+    max_retries: int = Field(default=2, ge=0)
+    agent_command: list[str] | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    budget_tokens: int | None = Field(default=None, gt=0)
+    model: str | None = None
+
+
+class FileRule(BaseModel):
+    """A declared mode/owner for tree paths matching a gitignore-style pattern."""
+
+    model_config = ConfigDict(extra="forbid")
+    match: str
+    mode: Mode | None = None
+    owner: Owner | None = None
+
+
+class DirRule(BaseModel):
+    """A directory created even when empty (git cannot record one), with its mode."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    mode: Mode = "0755"
+    owner: Owner | None = None
+
+
+class Attributes(BaseModel):
+    """``blueprint/attributes.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+    files: list[FileRule] = Field(default_factory=list)
+    dirs: list[DirRule] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One file of the blueprint: its path relative to the blueprint and its recorded metadata.
+
+    Attributes:
+        rel: path relative to the blueprint root, ``/``-separated.
+        path: the file on disk.
+        git_mode: the index mode (``100644``, ``100755``, ``120000``) or ``None`` if untracked.
+    """
+
+    rel: str
+    path: Path
+    git_mode: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Blueprint:
+    """A loaded blueprint.
+
+    Attributes:
+        root: the blueprint directory.
+        templates: the directory of fleetctl's own templates (``agent.yaml.j2``).
+        roles: role name → :class:`Role`.
+        skills: skill name → its directory.
+        files: every source file, keyed by its path relative to ``root``.
+        attributes: declared modes, owners and directories.
+        ignore: the ``.fleetignore`` patterns (gitignore syntax) for live paths.
+    """
+
+    root: Path
+    templates: Path
+    roles: dict[str, Role]
+    skills: dict[str, Path]
+    files: dict[str, SourceFile]
+    attributes: Attributes
+    ignore: pathspec.PathSpec = field(default_factory=lambda: pathspec.PathSpec([]))
+
+    def file_rule(self, tree_path: str) -> FileRule | None:
+        """Return the last declared rule matching ``tree_path``, or ``None``."""
+        found = None
+        for rule in self.attributes.files:
+            if pathspec.PathSpec.from_lines("gitwildmatch", [rule.match]).match_file(tree_path):
+                found = rule
+        return found
+
+
+def _git_files(root: Path) -> dict[str, str | None] | None:
+    """Map each tracked or untracked-but-not-ignored file to its git index mode.
+
+    Returns ``None`` when ``root`` is not inside a git work tree.
+    """
+    def git(*args: str) -> bytes | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
+        except FileNotFoundError:
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    staged = git("ls-files", "-z", "-s", "--", ".")
+    if staged is None:
+        return None
+    files: dict[str, str | None] = {}
+    for record in staged.split(b"\0"):
+        if record:
+            meta, _, name = record.partition(b"\t")
+            files[os.fsdecode(name)] = meta.split()[0].decode()
+    others = git("ls-files", "-z", "-o", "--exclude-standard", "--", ".") or b""
+    for name in others.split(b"\0"):
+        if name:
+            files.setdefault(os.fsdecode(name), None)
+    return files
+
+
+def _walk_files(root: Path) -> dict[str, str | None]:
+    files: dict[str, str | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        # os.walk lists symlinks to directories under dirnames; they are files of the blueprint.
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            files[rel.replace(os.sep, "/")] = None
+    return files
+
+
+def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
+    """Load the blueprint at ``root``.
+
+    Args:
+        root: the blueprint directory.
+        templates: fleetctl's template directory; default ``<root>/../templates``.
+
+    Raises:
+        InputError: a missing directory, a bad role or attributes file, or a role naming a
+            skill that does not exist (with file, line and key).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: blueprint directory not found",
+                         hint="pass --blueprint PATH or run from the fleet repository")
+    templates = Path(templates) if templates else root.parent / "templates"
+    listing = _git_files(root)
+    if listing is None:
+        listing = _walk_files(root)
+    files = {}
+    for rel, mode in listing.items():
+        path = root / rel
+        if os.path.lexists(path):  # deleted in the work tree but still in the index: gone
+            files[rel] = SourceFile(rel, path, mode)
+
+    skills = {}
+    skills_dir = root / "skills"
+    if skills_dir.is_dir():
+        for entry in sorted(skills_dir.iterdir()):
+            if entry.is_dir():
+                skills[entry.name] = entry
+
+    roles = {}
+    roles_dir = root / "roles"
+    if roles_dir.is_dir():
+        for path in sorted(roles_dir.glob("*.yaml")):
+            data, node = load_yaml(path)
+            role = load_model(path, Role, data, node)
+            for i, skill in enumerate(role.skills):
+                if skill not in skills:
+                    raise input_error(path, node, ["skills", i],
+                                      f"no skill {skill!r} in {skills_dir}",
+                                      hint=f"skills defined: {', '.join(skills) or '(none)'}")
+            roles[path.stem] = role
+
+    attributes = Attributes()
+    attr_path = root / "attributes.yaml"
+    if attr_path.exists():
+        attributes = load_model(attr_path, Attributes)
+
+    ignore = pathspec.PathSpec([])
+    ignore_path = root / ".fleetignore"
+    if ignore_path.exists():
+        ignore = pathspec.PathSpec.from_lines("gitwildmatch",
+                                              ignore_path.read_text("utf-8").splitlines())
+    return Blueprint(root=root, templates=templates, roles=roles, skills=skills, files=files,
+                     attributes=attributes, ignore=ignore)
+
+
+def role_summary(role: Role) -> dict[str, Any]:
+    """Return the role as plain data for templates."""
+    return role.model_dump()

@@ -1,0 +1,246 @@
+"""The ``fleetctl`` command line: a thin typer layer over the library.
+
+Each command loads its input, calls one library function, renders the results and exits with the
+code DESIGN.md §4 gives. Errors become a message and an exit code here and nowhere else.
+Data goes to stdout (or ``--output``); messages, progress and prompts go to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from fleetctl import __version__
+from fleetctl.blueprint import Blueprint, load_blueprint
+from fleetctl.errors import EXIT_ERROR, EXIT_REFUSED, FleetctlError, InputError, worst_exit
+from fleetctl.inventory import Host, Inventory, load_inventory
+from fleetctl.render import render_host, write_tree
+from fleetctl.report import print_text, to_json, to_markdown
+from fleetctl.results import HostResult, NoProgress, Progress
+from fleetctl.ship import ShipOptions, drift_host, run_hosts, ship_host
+
+app = typer.Typer(
+    name="fleetctl",
+    help="Keep a fleet of AI-agent hosts identical to one blueprint.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+def _find_project() -> Path:
+    here = Path.cwd()
+    for candidate in (here, *here.parents):
+        if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():
+            return candidate
+    return here
+
+
+InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
+                            help="Inventory file [default: inventory/demo.yaml of the project].")
+BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
+                            help="Blueprint directory [default: blueprint/ of the project].")
+FormatOpt = typer.Option(Format.text, "--format", "-f", help="Output format.")
+OutputOpt = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout.")
+ParallelOpt = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once.")
+TimeoutOpt = typer.Option(120.0, "--timeout", min=0.1,
+                          help="Seconds per host for connecting and each operation.")
+DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
+
+
+def _load(inventory: Optional[Path], blueprint: Optional[Path],
+          timeout_s: float | None) -> tuple[Inventory, Blueprint]:
+    project = _find_project()
+    bp = load_blueprint(blueprint or project / "blueprint")
+    inv = load_inventory(inventory or project / "inventory" / "demo.yaml", set(bp.roles))
+    if timeout_s is not None:
+        from dataclasses import replace
+
+        inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
+    return inv, bp
+
+
+class BarProgress:
+    """Draws one line per host on a terminal: its current step, then its outcome."""
+
+    def __init__(self, bar: RichBar) -> None:
+        self._bar = bar
+        self._tasks: dict[str, int] = {}
+
+    def host_started(self, host: str) -> None:
+        self._tasks[host] = self._bar.add_task(host, step="connect", total=None)
+
+    def host_step(self, host: str, step: str) -> None:
+        self._bar.update(self._tasks[host], step=step)
+
+    def host_finished(self, result: HostResult) -> None:
+        self._bar.update(self._tasks[result.host], step=result.status, total=1, completed=1)
+
+
+def _with_progress(fn: Callable[[Progress], list[HostResult]]) -> list[HostResult]:
+    if not err.is_terminal:
+        return fn(NoProgress())
+    with RichBar(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[step]}"),
+                 TimeElapsedColumn(), console=err, transient=True) as bar:
+        return fn(BarProgress(bar))
+
+
+def _emit(text: str, output: Optional[Path]) -> None:
+    if output:
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _report(results: list[HostResult], command: str, fmt: Format, output: Optional[Path],
+            debug: bool) -> int:
+    code = worst_exit([r.exit_code for r in results])
+    if debug:
+        for r in results:
+            if r.debug:
+                err.print(r.debug, markup=False, highlight=False)
+    title = "drift" if command == "drift" else "ship plan"
+    if fmt is Format.json:
+        _emit(to_json(results, command, code), output)
+    elif fmt is Format.markdown:
+        _emit(to_markdown(results, f"fleetctl {command}"), output)
+    elif output:
+        with output.open("w", encoding="utf-8") as fh:
+            print_text(Console(file=fh, width=160, no_color=True), results, title)
+    else:
+        out = Console()
+        print_text(out if out.is_terminal else Console(width=160), results, title)
+    return code
+
+
+def _guard(fn: Callable[[], int]) -> None:
+    """Run a command body; map errors to a message on stderr and an exit code."""
+    try:
+        code = fn()
+    except FleetctlError as exc:
+        err.print(f"error: {exc.message}", markup=False, highlight=False)
+        if exc.hint:
+            err.print(f"hint: {exc.hint}", markup=False, highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def drift(
+    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to check [default: all]."),
+    inventory: Optional[Path] = InventoryOpt,
+    blueprint: Optional[Path] = BlueprintOpt,
+    fmt: Format = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+    parallel: int = ParallelOpt,
+    timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Show what on each host differs from the blueprint, and why (exit 0 none, 1 drift, 2 error)."""
+
+    def body() -> int:
+        inv, bp = _load(inventory, blueprint, timeout)
+        selected = inv.select(hosts)
+        results = _with_progress(lambda p: run_hosts(
+            selected, lambda h: drift_host(bp, h, p), parallel, p))
+        return _report(results, "drift", fmt, output, debug)
+
+    _guard(body)
+
+
+@app.command()
+def ship(
+    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to ship [default: all]."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n",
+                                 help="Print the plan ship would carry out; write nothing."),
+    force: bool = typer.Option(False, "--force",
+                               help="Overwrite hand-patches, conflicts and unknown content."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    inventory: Optional[Path] = InventoryOpt,
+    blueprint: Optional[Path] = BlueprintOpt,
+    fmt: Format = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+    parallel: int = ParallelOpt,
+    timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Make each host's managed tree equal the blueprint: a new release, switched atomically.
+
+    Exit 0 shipped (or nothing to do), 3 refused with nothing written, 2 error.
+    """
+
+    def body() -> int:
+        inv, bp = _load(inventory, blueprint, timeout)
+        selected = inv.select(hosts)
+        options = ShipOptions(force=force, dry_run=dry_run)
+        if not dry_run and not yes and sys.stdin.isatty() and err.is_terminal:
+            plans = _with_progress(lambda p: run_hosts(
+                selected, lambda h: ship_host(bp, h, ShipOptions(force=force, dry_run=True), p),
+                parallel, p))
+            print_text(err, plans, "ship plan")
+            todo = [p for p in plans if p.status == "dry-run"]
+            if not todo:
+                return _report(plans, "ship", fmt, output, debug) if fmt is not Format.text \
+                    else worst_exit([p.exit_code for p in plans])
+            count = sum(len(p.changes) for p in todo)
+            if not typer.confirm(f"Ship {count} change(s) to {len(todo)} host(s)?", err=True):
+                for p in todo:
+                    p.status, p.error = "declined", "not confirmed; nothing was written"
+                err.print("nothing shipped")
+                return EXIT_REFUSED
+            options = ShipOptions(force=force, approved={p.host: p.plan_digest for p in plans
+                                                         if p.plan_digest})
+        results = _with_progress(lambda p: run_hosts(
+            selected, lambda h: ship_host(bp, h, options, p), parallel, p))
+        return _report(results, "ship", fmt, output, debug)
+
+    _guard(body)
+
+
+@app.command()
+def render(
+    host: str = typer.Argument(..., help="The host whose desired tree to write."),
+    out: Path = typer.Option(..., "--out", help="An empty or new directory to write it to."),
+    inventory: Optional[Path] = InventoryOpt,
+    blueprint: Optional[Path] = BlueprintOpt,
+) -> None:
+    """Write one host's desired tree locally (exit 0, or 2 on error)."""
+
+    def body() -> int:
+        inv, bp = _load(inventory, blueprint, None)
+        (selected,) = inv.select([host])
+        tree = render_host(bp, selected)
+        write_tree(tree, out)
+        err.print(f"wrote {len(tree.manifest)} entries for {host} to {out}")
+        return 0
+
+    _guard(body)
+
+
+@app.command()
+def version() -> None:
+    """Print fleetctl's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

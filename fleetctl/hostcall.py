@@ -1,0 +1,210 @@
+"""Running :mod:`fleetctl.hostside` on a host and reading what it reports.
+
+One call is one process on the host and one round trip: the host-side source and the request go
+down stdin, the live manifest streams back as JSON lines while the host hashes, and for a ship the
+command and the missing content follow on the same stdin while the host holds its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Iterator
+
+from fleetctl.errors import HostError, PermissionDenied, ShipRefused
+from fleetctl.manifest import Entry, Manifest
+from fleetctl.transport.base import Channel, Transport
+
+# Reads the host-side program from stdin and runs it, so nothing is installed on the host and no
+# data ever appears on a command line.
+BOOTSTRAP = (
+    "import sys;n=int(sys.stdin.buffer.readline());"
+    "exec(compile(sys.stdin.buffer.read(n),'fleetctl-hostside','exec'),{'__name__':'__main__'})"
+)
+
+
+def _hostside_source() -> bytes:
+    return resources.files("fleetctl").joinpath("hostside.py").read_bytes()
+
+
+def frame(data: bytes) -> bytes:
+    """Return ``data`` as one stdin frame: ``<length>\\n<bytes>``."""
+    return b"%d\n" % len(data) + data
+
+
+def encode_json(obj: Any) -> bytes:
+    """JSON with ASCII escapes, so surrogateescape-decoded names survive exactly."""
+    return json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A node the scan could not read: its path and the host's reason."""
+
+    path: str
+    error: str
+
+
+@dataclass(slots=True)
+class LiveState:
+    """What one scan of a host found.
+
+    Attributes:
+        user, group: the account the host-side program ran as (the default owner).
+        root_exists: whether the managed root exists.
+        current: the release id ``current`` points to, or ``None``.
+        current_kind: ``symlink``, ``dir``, ``other``, ``foreign-symlink`` or ``None`` (absent).
+        releases: release ids present on the host, oldest first.
+        shipped: the shipped manifest (record of the current release) or ``None``.
+        live: the live manifest of ``<root>/current``.
+        unreadable: nodes the scan could not read; any makes the scan incomplete.
+    """
+
+    user: str = ""
+    group: str = ""
+    root_exists: bool = False
+    current: str | None = None
+    current_kind: str | None = None
+    releases: list[str] = field(default_factory=list)
+    shipped: Manifest | None = None
+    live: Manifest = field(default_factory=Manifest)
+    unreadable: list[Unreadable] = field(default_factory=list)
+
+    @property
+    def owner(self) -> str:
+        """The default owner of managed entries on this host, ``"user:group"``."""
+        return f"{self.user}:{self.group}"
+
+
+class HostCall:
+    """One run of the host-side program.
+
+    Args:
+        transport: a connected transport.
+        python: the interpreter on the host (``python3`` unless the inventory says otherwise).
+        request: the JSON request (``op`` is ``scan`` or ``ship``, ``root`` the managed root).
+        timeout_s: seconds after which the whole call is ended; ``None`` for no limit.
+    """
+
+    def __init__(self, transport: Transport, python: str, request: dict,
+                 timeout_s: float | None) -> None:
+        self.label = self._label = transport.label
+        self._timed_out = False
+        self._chan: Channel = transport.start([python, "-c", BOOTSTRAP])
+        self._timer = threading.Timer(timeout_s, self._expire) if timeout_s else None
+        if self._timer:
+            self._timer.daemon = True
+            self._timer.start()
+        self._buffer = b""
+        try:
+            self.send(frame(_hostside_source()) + frame(encode_json(request)))
+        except OSError:
+            pass  # the process died at once; events() reports why from its stderr
+
+    def _expire(self) -> None:
+        self._timed_out = True
+        self._chan.kill()
+
+    def send(self, data: bytes) -> None:
+        """Write raw bytes to the host-side program's stdin."""
+        self._chan.send(data)
+
+    def events(self) -> Iterator[dict]:
+        """Yield each event the host reports until its output ends.
+
+        Raises:
+            HostError: the output ended without a final event, or was not JSON.
+        """
+        while True:
+            newline = self._buffer.find(b"\n")
+            while newline < 0:
+                try:
+                    block = self._chan.read(1 << 16)
+                except OSError as exc:
+                    raise self.broken(str(exc)) from None
+                if not block:
+                    if self._buffer:
+                        raise self.broken("output ended mid-line")
+                    return
+                self._buffer += block
+                newline = self._buffer.find(b"\n")
+            line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise self.broken(f"unexpected output: {line[:200]!r}") from None
+            if event.get("t") == "error":
+                self.finish()
+                raise error_from_event(self._label, event)
+            yield event
+
+    def broken(self, why: str) -> HostError:
+        """Build the error for a call that ended abnormally, with the tail of its stderr."""
+        if self._timed_out:
+            return HostError(f"{self._label}: timed out; the operation was ended")
+        self._chan.kill()
+        tail = self._chan.stderr_tail().strip()
+        detail = f": {tail.splitlines()[-1]}" if tail else ""
+        return HostError(f"{self._label}: the host-side program failed ({why}){detail}")
+
+    def finish(self) -> int:
+        """Close stdin, wait for the program to end, and return its exit status."""
+        try:
+            status = self._chan.wait()
+        finally:
+            if self._timer:
+                self._timer.cancel()
+        return status
+
+    def kill(self) -> None:
+        """End the program at once (used when the caller gives up part-way)."""
+        self._chan.kill()
+        if self._timer:
+            self._timer.cancel()
+
+
+def error_from_event(label: str, event: dict) -> Exception:
+    """Map a host-side error event to the exception type the CLI turns into an exit code."""
+    kind = event.get("kind")
+    where = f" ({event['path']})" if event.get("path") else ""
+    message = f"{label}: {event.get('step')}: {event.get('message')}{where}"
+    if kind in ("locked", "changed"):
+        return ShipRefused(message)
+    if kind == "permission":
+        return PermissionDenied(message + "; stopped, nothing was retried",
+                                hint="the previous release is still in use", step=event.get("step"))
+    return HostError(message, hint="the previous release is still in use"
+                     if event.get("step") not in (None, "scan", "lock") else None,
+                     step=event.get("step"))
+
+
+def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
+    """Consume events up to ``scan-end`` and return the host's :class:`LiveState`."""
+    state = LiveState()
+    live: list[Entry] = []
+    shipped: list[Entry] = []
+    for event in events:
+        kind = event.pop("t")
+        if kind == "entry":
+            live.append(Entry.from_json(event))
+        elif kind == "shipped":
+            shipped.append(Entry.from_json(event))
+        elif kind == "unreadable":
+            state.unreadable.append(Unreadable(event["path"], event["error"]))
+        elif kind == "hello":
+            state.user, state.group = event["user"], event["group"]
+        elif kind == "state":
+            state.root_exists = event["root_exists"]
+            state.current = event["current"]
+            state.current_kind = event["current_kind"]
+            state.releases = event["releases"]
+            if event["shipped"]:
+                state.shipped = Manifest()
+        elif kind == "scan-end":
+            state.live = Manifest(live)
+            if state.shipped is not None:
+                state.shipped = Manifest(shipped)
+            return state
+    raise HostError(f"{call.label}: the scan ended early")

@@ -1,0 +1,626 @@
+"""The program fleetctl runs on a host, one process per operation, over any transport.
+
+This file is sent as source over the transport's stdin and executed by the host's ``python3``
+(see :mod:`fleetctl.hostcall`), so it imports only the standard library and runs on Python 3.8+.
+Running the same code for the local and the SSH transport is what keeps them equivalent.
+
+Wire format. stdin carries frames ``<length>\\n<bytes>``: first a JSON request, then (for a
+ship) a JSON command and the content blobs the host does not already have. stdout carries one
+JSON event per line; paths are ``surrogateescape``-decoded and JSON-escaped, so any byte in a
+name, newline included, survives. Events:
+
+- ``{"t": "hello", "user", "group", "uid", "python"}``
+- ``{"t": "state", "root_exists", "current", "current_kind", "releases", "shipped"}``
+- ``{"t": "entry", ...manifest entry...}``, ``{"t": "shipped", ...}``,
+  ``{"t": "unreadable", "path", "error"}``
+- ``{"t": "scan-end", "entries", "digest"}`` then, for a ship, after the command:
+  ``{"t": "step", "name"}`` ... ``{"t": "done", "release", "pruned"}``
+- ``{"t": "error", "step", "kind", "message", "path"}`` (kind: ``locked``, ``changed``,
+  ``permission``, ``layout``, ``failed``); the process then exits non-zero.
+
+Layout on the host (DESIGN.md §5)::
+
+    <root>/current -> releases/<id>        the release in use (symlink, switched by rename)
+    <root>/releases/<id>/                  complete releases
+    <root>/.fleetctl/releases/<id>.json    each release's manifest (digests only, no contents)
+
+The shipped manifest is the record of the release ``current`` points to, so the switch of one
+symlink changes the tree in use and the base of the three-way comparison together.
+"""
+
+import errno
+import fcntl
+import grp
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import sys
+import time
+
+CHUNK_BYTES = 1 << 20
+RECORD_SCHEMA = 1
+STATE_DIR = ".fleetctl"
+
+_out = sys.stdout.buffer
+_in = sys.stdin.buffer
+
+
+class Stop(Exception):
+    """A step failed; carries the error event to emit."""
+
+    def __init__(self, step, kind, message, path=None):
+        Exception.__init__(self, message)
+        self.event = {"t": "error", "step": step, "kind": kind, "message": message, "path": path}
+
+
+def emit(event):
+    _out.write(json.dumps(event, ensure_ascii=True, separators=(",", ":")).encode("ascii"))
+    _out.write(b"\n")
+
+
+def flush():
+    _out.flush()
+
+
+def read_frame():
+    header = _in.readline()
+    if not header:
+        raise Stop("receive", "failed", "input ended early (connection lost?)")
+    size = int(header)
+    data = _in.read(size)
+    if len(data) != size:
+        raise Stop("receive", "failed", "input ended early (connection lost?)")
+    return data
+
+
+def dec(raw):
+    return os.fsdecode(raw)
+
+
+def enc(text):
+    return os.fsencode(text)
+
+
+# -- names -------------------------------------------------------------------------------------
+
+_users = {}
+_groups = {}
+
+
+def user_name(uid):
+    if uid not in _users:
+        try:
+            _users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _users[uid] = str(uid)
+    return _users[uid]
+
+
+def group_name(gid):
+    if gid not in _groups:
+        try:
+            _groups[gid] = grp.getgrgid(gid).gr_name
+        except KeyError:
+            _groups[gid] = str(gid)
+    return _groups[gid]
+
+
+def parse_owner(owner, step, path):
+    user, _, group = owner.partition(":")
+    try:
+        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise Stop(step, "failed", "no such user on the host: %s" % user, path)
+    if not group:
+        return uid, -1
+    try:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise Stop(step, "failed", "no such group on the host: %s" % group, path)
+    return uid, gid
+
+
+# -- scanning ----------------------------------------------------------------------------------
+
+
+def file_digest(path):
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0))
+    try:
+        while True:
+            block = os.read(fd, CHUNK_BYTES)
+            if not block:
+                break
+            h.update(block)
+    finally:
+        os.close(fd)
+    return "sha256:" + h.hexdigest()
+
+
+def describe(full, rel, st):
+    """Return the manifest entry dict of one lstat'ed node."""
+    mode = stat.S_IMODE(st.st_mode)
+    entry = {"path": dec(rel), "owner": user_name(st.st_uid) + ":" + group_name(st.st_gid)}
+    if stat.S_ISLNK(st.st_mode):
+        entry["type"] = "symlink"
+        entry["target"] = dec(os.readlink(full))
+    elif stat.S_ISDIR(st.st_mode):
+        entry["type"] = "dir"
+        entry["mode"] = "%04o" % mode
+    elif stat.S_ISREG(st.st_mode):
+        entry["type"] = "file"
+        entry["mode"] = "%04o" % mode
+        entry["size"] = st.st_size
+        entry["digest"] = file_digest(full)
+    else:
+        entry["type"] = "other"
+        entry["mode"] = "%04o" % mode
+    return entry
+
+
+def walk(top, sink, on_unreadable):
+    """Describe every node under ``top`` (bytes path), never following symlinks.
+
+    Calls ``sink(entry)`` per node in no particular order and ``on_unreadable(rel, error)`` for
+    a node or directory that cannot be read; the scan goes on past it.
+    """
+    stack = [b""]
+    while stack:
+        rel_dir = stack.pop()
+        full_dir = os.path.join(top, rel_dir) if rel_dir else top
+        try:
+            names = os.listdir(full_dir)
+        except OSError as exc:
+            on_unreadable(rel_dir, exc)
+            continue
+        for name in names:
+            rel = rel_dir + b"/" + name if rel_dir else name
+            full = os.path.join(full_dir, name)
+            try:
+                st = os.lstat(full)
+                entry = describe(full, rel, st)
+            except OSError as exc:
+                on_unreadable(rel, exc)
+                continue
+            sink(entry)
+            if entry["type"] == "dir":
+                stack.append(rel)
+
+
+def os_error_text(exc):
+    return exc.strerror or str(exc)
+
+
+def scan_tree(top, event_type="entry"):
+    """Stream the entries of ``top``; return (count, list of entry dicts, unreadable count)."""
+    entries = []
+    unreadable = [0]
+
+    def sink(entry):
+        entries.append(entry)
+        entry_event = dict(entry)
+        entry_event["t"] = event_type
+        emit(entry_event)
+
+    def bad(rel, exc):
+        unreadable[0] += 1
+        emit({"t": "unreadable", "path": dec(rel), "error": os_error_text(exc)})
+
+    walk(top, sink, bad)
+    return entries, unreadable[0]
+
+
+def manifest_digest(entries):
+    ordered = sorted(entries, key=lambda e: enc(e["path"]).replace(b"/", b"\x00"))
+    canonical = json.dumps(ordered, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def read_state(root):
+    """Describe the layout under ``root`` without writing anything."""
+    state = {"t": "state", "root_exists": os.path.isdir(root), "current": None,
+             "current_kind": None, "releases": [], "shipped": False}
+    current = os.path.join(root, b"current")
+    try:
+        st = os.lstat(current)
+    except OSError:
+        return state
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(current)
+        state["current_kind"] = "symlink"
+        head, name = os.path.split(target.rstrip(b"/"))
+        if head == b"releases" and os.path.isdir(os.path.join(root, target)):
+            state["current"] = dec(name)
+        else:
+            state["current_kind"] = "foreign-symlink"
+    else:
+        state["current_kind"] = "dir" if stat.S_ISDIR(st.st_mode) else "other"
+    try:
+        state["releases"] = sorted(
+            dec(n) for n in os.listdir(os.path.join(root, b"releases")) if not n.startswith(b".")
+        )
+    except OSError:
+        pass
+    if state["current"] and os.path.exists(record_path(root, enc(state["current"]))):
+        state["shipped"] = True
+    return state
+
+
+def record_path(root, release):
+    return os.path.join(root, enc(STATE_DIR), b"releases", release + b".json")
+
+
+def emit_shipped(root, release):
+    with open(record_path(root, release), "rb") as fh:
+        record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+    for entry in record["manifest"]:
+        event = dict(entry)
+        event["t"] = "shipped"
+        emit(event)
+
+
+def scan(root, state):
+    """Emit the live manifest of ``<root>/current`` and the shipped manifest; return entries."""
+    entries = []
+    unreadable = 0
+    if state["current_kind"] == "symlink":
+        if state["shipped"]:
+            emit_shipped(root, enc(state["current"]))
+        entries, unreadable = scan_tree(os.path.join(root, b"current/"))
+    elif state["current_kind"] == "dir":
+        entries, unreadable = scan_tree(os.path.join(root, b"current"))
+    emit({"t": "scan-end", "entries": len(entries), "unreadable": unreadable,
+          "digest": manifest_digest(entries)})
+    flush()
+    return entries
+
+
+# -- locking -----------------------------------------------------------------------------------
+
+
+def lock_root(root):
+    """Take an exclusive, non-blocking flock on the root directory itself.
+
+    Locking the directory rather than a lock file means a refused or dry-run ship writes
+    nothing; the kernel drops the lock when this process ends, however it ends.
+    """
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise Stop("lock", "locked", "another ship holds the lock on %s%s"
+                       % (dec(root), lock_holder(root)))
+        raise
+    return fd
+
+
+def lock_holder(root):
+    # /proc/locks names the pid holding a flock on the root's inode; best effort only.
+    try:
+        st = os.stat(root)
+        key = ":%02x:%02x:%d " % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        with open("/proc/locks") as fh:
+            for line in fh:
+                if "FLOCK" in line and key in line + " ":
+                    return " (pid %s)" % line.split()[4]
+    except OSError:
+        pass
+    return ""
+
+
+# -- shipping ----------------------------------------------------------------------------------
+
+
+def force_rmtree(path):
+    """Remove ``path`` even where a directory's mode forbids it (a shipped 0555 dir)."""
+
+    def onerror(func, failed, info):
+        parent = os.path.dirname(failed)
+        try:
+            os.chmod(parent, 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+        except OSError:
+            pass
+        func(failed)
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=onerror)
+
+
+def write_file(dest, source_iter, owner, mode, step, rel):
+    # Created 0600 from the first byte (O_EXCL, no umask involved): never wider than its final
+    # mode while content is written. chown before chmod, since chown clears setuid bits.
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        for block in source_iter:
+            view = memoryview(block)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        uid, gid = owner
+        if uid != -1:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_chunks(path):
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(CHUNK_BYTES)
+            if not block:
+                return
+            yield block
+
+
+def receive_blobs(blob_dir, count):
+    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``."""
+    os.mkdir(blob_dir, 0o700)
+    for _ in range(count):
+        digest = _in.readline().strip().decode("ascii")
+        size = int(_in.readline())
+        h = hashlib.sha256()
+        name = os.path.join(blob_dir, digest.split(":", 1)[1].encode("ascii"))
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            left = size
+            while left:
+                block = _in.read(min(left, CHUNK_BYTES))
+                if not block:
+                    raise Stop("receive", "failed", "input ended early (connection lost?)")
+                h.update(block)
+                os.write(fd, block)
+                left -= len(block)
+        finally:
+            os.close(fd)
+        if "sha256:" + h.hexdigest() != digest:
+            raise Stop("receive", "failed", "content arrived corrupted (digest mismatch)")
+
+
+def assemble(stage, desired, sources, blob_dir, current_dir):
+    """Build the release in ``stage`` from the desired manifest; modes and owners explicit."""
+    os.mkdir(stage, 0o700)
+    dirs = []
+    for entry in desired:
+        rel = enc(entry["path"])
+        dest = os.path.join(stage, rel)
+        owner = parse_owner(entry["owner"], "assemble", entry["path"]) if entry.get("owner") else (-1, -1)
+        kind = entry["type"]
+        if kind == "dir":
+            os.mkdir(dest, 0o700)
+            dirs.append((dest, owner, int(entry["mode"], 8)))
+        elif kind == "symlink":
+            os.symlink(enc(entry["target"]), dest)
+            if owner[0] != -1:
+                os.lchown(dest, owner[0], owner[1])
+        elif kind == "file":
+            source = sources.get(entry["path"])
+            if source is None:
+                blob = os.path.join(blob_dir, entry["digest"].split(":", 1)[1].encode("ascii"))
+                chunks = read_chunks(blob)
+            else:
+                # Copied byte for byte from the current release, never hard-linked: releases
+                # must share no inode (DESIGN.md invariant 4).
+                chunks = read_chunks(os.path.join(current_dir, enc(source)))
+            write_file(dest, chunks, owner, int(entry["mode"], 8), "assemble", entry["path"])
+        else:
+            raise Stop("assemble", "failed", "cannot ship an entry of type %s" % kind, entry["path"])
+    # Directory modes last and deepest first, so a 0555 directory is filled before it closes.
+    for dest, owner, mode in reversed(dirs):
+        if owner[0] != -1:
+            os.chown(dest, owner[0], owner[1])
+        os.chmod(dest, mode)
+    os.chmod(stage, 0o755)
+
+
+def verify(stage, desired):
+    """Compare the staged release with the desired manifest; raise Stop on any difference."""
+    found = {}
+    problems = []
+
+    def sink(entry):
+        found[entry["path"]] = entry
+
+    def bad(rel, exc):
+        problems.append("%s: unreadable (%s)" % (dec(rel), os_error_text(exc)))
+
+    walk(stage, sink, bad)
+    wanted = dict((e["path"], e) for e in desired)
+    for path in sorted(set(found) | set(wanted)):
+        a, b = wanted.get(path), found.get(path)
+        if a is None or b is None:
+            problems.append("%s: %s" % (path, "unexpected" if a is None else "missing"))
+            continue
+        for key in ("type", "mode", "owner", "size", "digest", "target"):
+            if a.get(key) is not None and a.get(key) != b.get(key):
+                problems.append("%s: %s is %s, expected %s" % (path, key, b.get(key), a.get(key)))
+    if problems:
+        raise Stop("verify", "failed", "staged release differs from the plan: " +
+                   "; ".join(problems[:5]) + (" (and %d more)" % (len(problems) - 5)
+                                              if len(problems) > 5 else ""))
+
+
+def write_record(root, release, desired, meta):
+    state_dir = os.path.join(root, enc(STATE_DIR), b"releases")
+    os.makedirs(state_dir, 0o755, exist_ok=True)
+    final = record_path(root, release)
+    tmp = final + b".tmp"
+    body = {"schema_version": RECORD_SCHEMA, "release": dec(release), "manifest": desired}
+    body.update(meta)
+    data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, final)
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def switch(root, release):
+    """Point ``current`` at the release with one atomic rename of a fresh symlink."""
+    tmp = os.path.join(root, b".current." + release)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(b"releases/" + release, tmp)
+    os.rename(tmp, os.path.join(root, b"current"))
+    fsync_dir(root)
+
+
+def prune(root, keep, current):
+    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids."""
+    releases_dir = os.path.join(root, b"releases")
+    names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
+    removed = []
+    for name in names[:-keep] if keep > 0 else names:
+        if name == current:
+            continue
+        force_rmtree(os.path.join(releases_dir, name))
+        record = record_path(root, name)
+        if os.path.exists(record):
+            os.unlink(record)
+        removed.append(dec(name))
+    return removed
+
+
+def unchanged_since_scan(root, scanned):
+    """Re-hash ``current`` under the lock: a hand-patch made during the ship is never lost."""
+    again = []
+    problems = []
+    walk(os.path.join(root, b"current/"), again.append, lambda rel, exc: problems.append(rel))
+    return not problems and manifest_digest(again) == manifest_digest(scanned)
+
+
+def do_ship(root, request, state, scanned):
+    command = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+    if command.get("cmd") != "ship":
+        emit({"t": "done", "release": None, "pruned": []})
+        return 0
+    release = enc(command["release"])
+    releases_dir = os.path.join(root, b"releases")
+    stage = os.path.join(releases_dir, b".staging-" + release)
+    blob_dir = os.path.join(root, enc(STATE_DIR), b"incoming-" + release)
+    current_dir = os.path.join(root, b"current")
+    step = "prepare"
+    try:
+        emit({"t": "step", "name": step})
+        flush()
+        for path in (os.path.join(root, enc(STATE_DIR)), releases_dir):
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o755)
+                os.chmod(path, 0o755)
+        for name in os.listdir(releases_dir):
+            if name.startswith(b".staging-"):  # left by an interrupted ship; we hold the lock
+                force_rmtree(os.path.join(releases_dir, name))
+        if os.path.lexists(os.path.join(releases_dir, release)):
+            raise Stop(step, "failed", "release %s already exists" % dec(release))
+        step = "receive"
+        emit({"t": "step", "name": step})
+        flush()
+        receive_blobs(blob_dir, command["blob_count"])
+        step = "assemble"
+        emit({"t": "step", "name": step})
+        flush()
+        assemble(stage, command["desired"], command["sources"], blob_dir, current_dir)
+        step = "verify"
+        emit({"t": "step", "name": step})
+        flush()
+        verify(stage, command["desired"])
+        step = "record"
+        emit({"t": "step", "name": step})
+        flush()
+        os.rename(stage, os.path.join(releases_dir, release))
+        write_record(root, release, command["desired"], command.get("meta", {}))
+        fsync_dir(releases_dir)
+        step = "switch"
+        emit({"t": "step", "name": step})
+        flush()
+        if state["current_kind"] == "symlink" and not unchanged_since_scan(root, scanned):
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
+        switch(root, release)
+    except Stop:
+        cleanup(stage, blob_dir, root, release, switched=False)
+        raise
+    except OSError as exc:
+        cleanup(stage, blob_dir, root, release, switched=False)
+        kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"
+        path = exc.filename
+        if isinstance(path, bytes):
+            path = dec(path)
+        raise Stop(step, kind, "%s: %s" % (exc.__class__.__name__, os_error_text(exc)), path)
+    force_rmtree(blob_dir)
+    emit({"t": "step", "name": "prune"})
+    try:
+        pruned = prune(root, int(command.get("keep", 5)), release)
+    except OSError as exc:  # the new release is in use; a failed prune is only reported
+        pruned = []
+        emit({"t": "warning", "message": "prune failed: %s" % os_error_text(exc)})
+    emit({"t": "done", "release": dec(release), "pruned": pruned})
+    return 0
+
+
+def cleanup(stage, blob_dir, root, release, switched):
+    for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
+        try:
+            force_rmtree(path)
+        except OSError:
+            pass
+    try:
+        os.unlink(record_path(root, release))
+    except OSError:
+        pass
+
+
+def main():
+    request = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+    root = enc(request["root"])
+    uid, gid = os.geteuid(), os.getegid()
+    emit({"t": "hello", "user": user_name(uid), "group": group_name(gid), "uid": uid,
+          "python": "%d.%d.%d" % sys.version_info[:3]})
+    lock_fd = None
+    try:
+        if request["op"] == "ship":
+            if not os.path.isdir(root):
+                try:
+                    os.makedirs(root, 0o755)
+                except OSError as exc:
+                    raise Stop("prepare", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
+                               else "failed", "cannot create the root: %s" % os_error_text(exc),
+                               dec(root))
+            lock_fd = lock_root(root)
+        state = read_state(root)
+        emit(state)
+        if request["op"] == "ship" and state["current_kind"] not in (None, "symlink"):
+            raise Stop("scan", "layout", "%s/current is a %s, not a release symlink; move it "
+                       "aside to adopt this host" % (dec(root), state["current_kind"]))
+        scanned = scan(root, state)
+        if request["op"] == "ship":
+            return do_ship(root, request, state, scanned)
+        return 0
+    except Stop as stop:
+        emit(stop.event)
+        return 3 if stop.event["kind"] in ("locked", "changed") else 1
+    finally:
+        flush()
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+sys.exit(main())

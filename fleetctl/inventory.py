@@ -1,0 +1,214 @@
+"""The inventory: which hosts exist, how to reach them, and which agents run on each.
+
+``inventory/fleet.yaml`` is the documented example; ``inventory/demo.yaml`` holds local boxes
+(directories on this machine). Keys are documented in ``docs/inventory.md``. A host's settings
+are its own keys over ``defaults:``; ``vars`` merge key by key (host over defaults, agent over
+host). Relative paths (``identity_file``, ``known_hosts``, and ``root`` of a local host) are
+resolved against the inventory file's directory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleetctl.errors import InputError
+from fleetctl.yamlfile import input_error, load_model, load_yaml
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{what} name {value!r} must be letters, digits, '.', '_' or '-'")
+    return value
+
+
+class AgentSpec(BaseModel):
+    """One agent as written in the inventory."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class HostSettings(BaseModel):
+    """Keys allowed both under ``defaults:`` and on a host."""
+
+    model_config = ConfigDict(extra="forbid")
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    root: str | None = None
+    transport: Literal["ssh", "local"] | None = None
+    python: str | None = None
+    owner: str | None = None
+    keep_releases: int | None = Field(default=None, ge=1)
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class HostSpec(HostSettings):
+    """One host as written in the inventory."""
+
+    address: str | None = None
+    agents: dict[str, AgentSpec] = Field(default_factory=dict)
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, agents: dict[str, AgentSpec]) -> dict[str, AgentSpec]:
+        for name in agents:
+            _check_name(name, "agent")
+        return agents
+
+
+class InventoryFile(BaseModel):
+    """The whole inventory file."""
+
+    model_config = ConfigDict(extra="forbid")
+    defaults: HostSettings = Field(default_factory=HostSettings)
+    hosts: dict[str, HostSpec]
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, hosts: dict[str, HostSpec]) -> dict[str, HostSpec]:
+        for name in hosts:
+            _check_name(name, "host")
+        return hosts
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One agent on a host: its name, its role's name, and its merged vars."""
+
+    name: str
+    role: str
+    vars: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """One host with every setting resolved.
+
+    Attributes:
+        name: the inventory name.
+        address: hostname or IP to connect to (default: the name; ``~/.ssh/config`` aliases work).
+        port: SSH port, or ``None`` for ``~/.ssh/config``/22.
+        user: SSH user, or ``None`` for ``~/.ssh/config``/the local user.
+        identity_file: private key path, or ``None`` for ssh-agent and ``~/.ssh`` keys.
+        known_hosts: known_hosts path, or ``None`` for ``~/.ssh/known_hosts``.
+        root: the managed root on the host (absolute).
+        transport: ``ssh`` or ``local``.
+        python: the interpreter on the host that runs the host-side program.
+        owner: ``"user:group"`` of managed entries, or ``None`` for the connecting user.
+        keep_releases: how many releases to keep (current always kept); default 5.
+        vars: template variables for the host.
+        agents: the host's agents in inventory order.
+        timeout_s: seconds per connection and per host operation, or ``None`` for none.
+    """
+
+    name: str
+    address: str
+    root: str
+    transport: str = "ssh"
+    port: int | None = None
+    user: str | None = None
+    identity_file: Path | None = None
+    known_hosts: Path | None = None
+    python: str = "python3"
+    owner: str | None = None
+    keep_releases: int = 5
+    vars: dict[str, Any] = field(default_factory=dict)
+    agents: tuple[Agent, ...] = ()
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """A loaded inventory: its file and its hosts in file order."""
+
+    path: Path
+    hosts: tuple[Host, ...]
+
+    def select(self, names: list[str] | None) -> list[Host]:
+        """Return the named hosts (all when ``names`` is empty).
+
+        Raises:
+            InputError: a name is not in the inventory.
+        """
+        if not names:
+            return list(self.hosts)
+        by_name = {h.name: h for h in self.hosts}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise InputError(
+                f"{self.path}: no host named {', '.join(unknown)}",
+                hint=f"hosts in this inventory: {', '.join(by_name) or '(none)'}",
+            )
+        return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def load_inventory(path: Path, roles: set[str] | None = None) -> Inventory:
+    """Load and validate an inventory file.
+
+    Args:
+        path: the YAML file.
+        roles: role names the blueprint defines; an agent naming another role is an error.
+            ``None`` skips that check.
+
+    Raises:
+        InputError: bad YAML, unknown key, wrong type, missing role, relative SSH root; each
+            names the file, the line and the key path.
+    """
+    data, node = load_yaml(path)
+    spec = load_model(path, InventoryFile, data, node)
+    base = path.parent
+    hosts = []
+    for name, h in spec.hosts.items():
+        d = spec.defaults
+
+        def pick(key: str) -> Any:
+            value = getattr(h, key)
+            return value if value is not None else getattr(d, key)
+
+        transport = pick("transport") or "ssh"
+        root = pick("root")
+        if not root:
+            raise input_error(path, node, ["hosts", name, "root"], "required key is missing "
+                              "(set it on the host or under defaults)")
+        if transport == "local":
+            root = str((base / Path(root).expanduser()).resolve())
+        elif not root.startswith("/"):
+            raise input_error(path, node, ["hosts", name, "root"],
+                              f"must be an absolute path on the host, got {root!r}")
+        host_vars = {**d.vars, **h.vars}
+        agents = []
+        for agent_name, a in h.agents.items():
+            if roles is not None and a.role not in roles:
+                raise input_error(
+                    path, node, ["hosts", name, "agents", agent_name, "role"],
+                    f"no role {a.role!r} in the blueprint",
+                    hint=f"roles defined: {', '.join(sorted(roles)) or '(none)'}")
+            agents.append(Agent(agent_name, a.role, {**host_vars, **a.vars}))
+        identity = pick("identity_file")
+        known = pick("known_hosts")
+        hosts.append(Host(
+            name=name,
+            address=h.address or name,
+            root=root,
+            transport=transport,
+            port=pick("port"),
+            user=pick("user"),
+            identity_file=(base / Path(identity).expanduser()) if identity else None,
+            known_hosts=(base / Path(known).expanduser()) if known else None,
+            python=pick("python") or "python3",
+            owner=pick("owner"),
+            keep_releases=pick("keep_releases") or 5,
+            vars=host_vars,
+            agents=tuple(agents),
+        ))
+    return Inventory(path=path, hosts=tuple(hosts))

@@ -1,0 +1,247 @@
+"""Rendering the blueprint into one host's desired tree.
+
+The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
+
+    runner/...                       blueprint/runner, templates rendered
+    skills/<name>/...                each skill a role on this host uses
+    agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
+    agents/<agent>/credentials/      where its credential files go (0700)
+
+Files ending in ``.j2`` are Jinja2 templates and lose the suffix; everything else is copied byte
+for byte. Templates are read as bytes and decoded as UTF-8; the output keeps the template's final
+newline and its line endings (CRLF if the template uses CRLF), and a template that renders to
+nothing makes an empty file. An undefined variable is an error naming the template, line and name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from fleetctl.blueprint import Blueprint
+from fleetctl.errors import InputError
+from fleetctl.inventory import Host
+from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
+
+TEMPLATE_SUFFIX = ".j2"
+AGENT_CONFIG_TEMPLATE = "agent.yaml.j2"
+DEFAULT_DIR_MODE = "0755"
+DEFAULT_FILE_MODE = "0644"
+CREDENTIALS_DIR_MODE = "0700"
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredTree:
+    """What the blueprint renders to for one host.
+
+    Attributes:
+        host: the host's name.
+        manifest: every entry; owners are ``None`` where the host's default owner applies.
+        contents: file content by digest (``"sha256:..."``), bytes.
+    """
+
+    host: str
+    manifest: Manifest
+    contents: dict[str, bytes] = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self, blueprint: Blueprint, host: Host) -> None:
+        self.blueprint = blueprint
+        self.host = host
+        self.entries: dict[str, Entry] = {}
+        self.contents: dict[str, bytes] = {}
+        self.origin: dict[str, str] = {}
+
+    def _attrs(self, tree_path: str, default_mode: str) -> tuple[str, str | None]:
+        rule = self.blueprint.file_rule(tree_path)
+        mode = rule.mode if rule and rule.mode else default_mode
+        owner = rule.owner if rule and rule.owner else self.host.owner
+        return mode, owner
+
+    def _add(self, entry: Entry, source: str) -> None:
+        if entry.path in self.entries and self.entries[entry.path] != entry:
+            raise InputError(f"{source}: renders to {entry.path!r}, which "
+                             f"{self.origin[entry.path]} also produces")
+        self.entries[entry.path] = entry
+        self.origin[entry.path] = source
+        self.add_parents(entry.path)
+
+    def add_parents(self, path: str) -> None:
+        parent = path.rpartition("/")[0]
+        while parent and parent not in self.entries:
+            mode, owner = self._attrs(parent, DEFAULT_DIR_MODE)
+            self.entries[parent] = Entry(parent, DIR, mode=mode, owner=owner)
+            self.origin[parent] = "(parent directory)"
+            parent = parent.rpartition("/")[0]
+
+    def add_dir(self, path: str, mode: str | None, owner: str | None, source: str) -> None:
+        default_mode, default_owner = self._attrs(path, DEFAULT_DIR_MODE)
+        self._add(Entry(path, DIR, mode=mode or default_mode, owner=owner or default_owner), source)
+
+    def add_file(self, path: str, data: bytes, default_mode: str, source: str) -> None:
+        mode, owner = self._attrs(path, default_mode)
+        digest = sha256_digest(data)
+        self.contents[digest] = data
+        self._add(Entry(path, FILE, mode=mode, owner=owner, size=len(data), digest=digest), source)
+
+    def add_symlink(self, path: str, target: str, source: str) -> None:
+        _, owner = self._attrs(path, DEFAULT_FILE_MODE)
+        self._add(Entry(path, SYMLINK, owner=owner, target=target), source)
+
+
+def _context_for_host(host: Host) -> dict[str, Any]:
+    agents = [{"name": a.name, "role": a.role, "vars": a.vars} for a in host.agents]
+    return {**host.vars, "host": {"name": host.name, "address": host.address, "root": host.root,
+                                  "vars": host.vars}, "agents": agents}
+
+
+_UNDEFINED = re.compile(r"'([^']+)' is undefined")
+
+
+def render_template(source: bytes, name: str, context: dict[str, Any]) -> bytes:
+    """Render one Jinja2 template given as bytes; return bytes.
+
+    Args:
+        source: the template's bytes (UTF-8).
+        name: how errors name the template (its path in the blueprint).
+        context: template variables.
+
+    Raises:
+        InputError: not UTF-8, a syntax error, or an undefined variable (with line and name).
+    """
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name}: a template must be UTF-8 text (bad byte at offset {exc.start})",
+                         hint="drop the .j2 suffix to copy the file byte for byte") from None
+    # Jinja normalises every newline to newline_sequence: keep the template's own style.
+    newline = "\r\n" if "\r\n" in text else "\n"
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             newline_sequence=newline, autoescape=False)
+    try:
+        template = env.from_string(text)
+        template.name = name
+        out = template.render(context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise InputError(f"{name}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except jinja2.UndefinedError as exc:
+        line = _template_line(exc)
+        match = _UNDEFINED.search(exc.message or "")
+        what = f"undefined variable {match.group(1)!r}" if match else (exc.message or "undefined")
+        raise InputError(f"{name}{':' + str(line) if line else ''}: {what}",
+                         hint="define it under vars: for the host or the agent in the inventory"
+                         ) from None
+    except jinja2.TemplateError as exc:
+        raise InputError(f"{name}: template error: {exc}") from None
+    return out.encode("utf-8")
+
+
+def _template_line(exc: BaseException) -> int | None:
+    # Jinja rewrites tracebacks so template frames carry the template's own line numbers.
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename == "<template>":
+            line = frame.lineno
+    return line
+
+
+def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
+    """Render the desired tree of ``host``.
+
+    Raises:
+        InputError: a template fails to render, two sources produce one path, a declared
+            directory clashes with a file, or a blueprint file cannot be read.
+    """
+    b = _Builder(blueprint, host)
+    context = _context_for_host(host)
+    used_skills = []
+    for agent in host.agents:
+        for skill in blueprint.roles[agent.role].skills:
+            if skill not in used_skills:
+                used_skills.append(skill)
+    prefixes = ["runner/"] + [f"skills/{s}/" for s in used_skills]
+    for rel, src in sorted(blueprint.files.items()):
+        if not any(rel.startswith(p) for p in prefixes):
+            continue
+        where = f"{blueprint.root.name}/{rel}"
+        try:
+            if src.git_mode == "120000" or os.path.islink(src.path):
+                target = (os.readlink(src.path) if os.path.islink(src.path)
+                          else os.fsdecode(src.path.read_bytes()))
+                b.add_symlink(rel, target, where)
+                continue
+            data = src.path.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{where}: cannot read: {exc.strerror}") from None
+        default_mode = "0755" if src.git_mode == "100755" else DEFAULT_FILE_MODE
+        if rel.endswith(TEMPLATE_SUFFIX):
+            data = render_template(data, where, context)
+            rel = rel[: -len(TEMPLATE_SUFFIX)]
+        b.add_file(rel, data, default_mode, where)
+
+    for dir_rule in blueprint.attributes.dirs:
+        path = dir_rule.path.strip("/")
+        existing = b.entries.get(path)
+        if existing is not None and existing.type != DIR:
+            raise InputError(f"{blueprint.root.name}/attributes.yaml: dirs: {path!r} is a "
+                             f"{existing.type} in the tree")
+        b.entries.pop(path, None)
+        b.add_dir(path, dir_rule.mode, dir_rule.owner, "attributes.yaml")
+
+    config_template = blueprint.templates / AGENT_CONFIG_TEMPLATE
+    try:
+        config_source = config_template.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{config_template}: cannot read the agent config template: "
+                         f"{exc.strerror}") from None
+    for agent in host.agents:
+        role = blueprint.roles[agent.role]
+        agent_context = {**agent.vars, **context,
+                         "agent": {"name": agent.name, "role": agent.role, "vars": agent.vars},
+                         "role": role.model_dump()}
+        data = render_template(config_source, f"templates/{AGENT_CONFIG_TEMPLATE}", agent_context)
+        base = f"agents/{agent.name}"
+        b.add_dir("agents", None, None, "(agents)")
+        b.add_dir(base, None, None, "(agents)")
+        b.add_file(f"{base}/agent.yaml", data, DEFAULT_FILE_MODE, f"agent {agent.name}")
+        # The place credential files will go (rendered by the credentials issue); 0700 now so
+        # the directory never exists wider than it will be.
+        b.add_dir(f"{base}/credentials", CREDENTIALS_DIR_MODE, None, f"agent {agent.name}")
+    return DesiredTree(host=host.name, manifest=Manifest(b.entries.values()), contents=b.contents)
+
+
+def write_tree(tree: DesiredTree, out: Path) -> None:
+    """Write a desired tree under ``out`` (``render --out``): files, dirs, symlinks and modes.
+
+    Owners are not applied (a local render is for reading and diffing).
+
+    Raises:
+        InputError: ``out`` exists and is not an empty directory.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"{out}: exists and is not an empty directory",
+                         hint="choose a new directory; render never overwrites")
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = []
+    for entry in tree.manifest:
+        dest = os.path.join(os.fsencode(out), os.fsencode(entry.path))
+        if entry.type == DIR:
+            os.mkdir(dest, 0o700)
+            dirs.append((dest, int(entry.mode, 8)))
+        elif entry.type == SYMLINK:
+            os.symlink(os.fsencode(entry.target), dest)
+        else:
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(tree.contents[entry.digest])
+                os.fchmod(fh.fileno(), int(entry.mode, 8))
+    for dest, mode in reversed(dirs):
+        os.chmod(dest, mode)

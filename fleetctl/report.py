@@ -1,0 +1,213 @@
+"""Rendering host results as JSON, Markdown or a rich table, all from the same records.
+
+The JSON document (``schema_version`` 1) is described in ``docs/json.md``. Paths are relative to
+the managed tree; a name that is not valid UTF-8 is written with each undecodable byte as
+``\\xNN`` and every backslash doubled, and carries ``"path_escaped": true`` (reversible).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from fleetctl.drift import Change
+from fleetctl.manifest import Entry
+from fleetctl.results import HostResult
+
+SCHEMA_VERSION = 1
+
+
+def escape_name(name: str) -> tuple[str, bool]:
+    """Return ``(text, escaped)``: ``name`` itself when it is valid UTF-8, else an escaped form.
+
+    The escaped form doubles each backslash and writes each undecodable byte (a lone
+    surrogate from ``surrogateescape``) as ``\\xNN``, so it can be turned back into the bytes.
+    """
+    if not any(0xDC80 <= ord(ch) <= 0xDCFF for ch in name):
+        return name, False
+    out = []
+    for ch in name:
+        if 0xDC80 <= ord(ch) <= 0xDCFF:
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        else:
+            out.append(ch)
+    return "".join(out), True
+
+
+def unescape_name(text: str) -> str:
+    """Invert :func:`escape_name` for an escaped name (surrogateescape ``str`` back)."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("\\\\", i):
+            out.append("\\")
+            i += 2
+        elif text.startswith("\\x", i):
+            out.append(chr(0xDC00 + int(text[i + 2:i + 4], 16)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def printable(name: str) -> str:
+    """A one-line form of a name for people: control characters and bad bytes escaped."""
+    text, _ = escape_name(name)
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+def entry_json(entry: Entry | None) -> dict[str, Any] | None:
+    """The before/after attributes of an entry: type, mode, owner, size, digest or target."""
+    if entry is None:
+        return None
+    data = entry.to_json()
+    data.pop("path", None)
+    if "target" in data:
+        data["target"], escaped = escape_name(data["target"])
+        if escaped:
+            data["target_escaped"] = True
+    return data
+
+
+def change_json(change: Change) -> dict[str, Any]:
+    """One change as a JSON record (``before`` is live, ``after`` is desired)."""
+    path, escaped = escape_name(change.path)
+    record: dict[str, Any] = {"path": path}
+    if escaped:
+        record["path_escaped"] = True
+    record.update({
+        "change": change.change,
+        "origin": change.origin,
+        # Credential files arrive with a later issue; a secret only ever shows a digest.
+        "secret": False,
+        "before": entry_json(change.live),
+        "after": entry_json(change.desired),
+        "shipped": entry_json(change.shipped),
+    })
+    return record
+
+
+def result_json(result: HostResult, command: str) -> dict[str, Any]:
+    """One host's record."""
+    record: dict[str, Any] = {
+        "host": result.host,
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "error": result.error,
+        "hint": result.hint,
+        "release": result.release,
+    }
+    if command == "ship":
+        record.update({"previous": result.previous, "step": result.step,
+                       "pruned": result.pruned, "sent_files": result.sent_files,
+                       "sent_bytes": result.sent_bytes})
+    record["unreadable"] = [{"path": escape_name(u.path)[0], "error": u.error}
+                            for u in result.unreadable]
+    record["changes"] = [change_json(c) for c in result.changes]
+    return record
+
+
+def to_json(results: list[HostResult], command: str, exit_code: int) -> str:
+    """The whole machine-readable document for ``command`` (``drift`` or ``ship``)."""
+    doc = {"schema_version": SCHEMA_VERSION, "command": command, "exit_code": exit_code,
+           "hosts": [result_json(r, command) for r in results]}
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def _attr_summary(change: Change, entry: Entry | None) -> str:
+    if entry is None:
+        return "-"
+    kind = change.change
+    if kind in ("content",):
+        return f"{entry.digest[7:19]} ({entry.size} B)"
+    if kind == "mode":
+        return entry.mode or "-"
+    if kind == "owner":
+        return entry.owner or "-"
+    if kind == "target":
+        return "→ " + printable(entry.target or "")
+    if entry.type == "file":
+        return f"file {entry.mode} {entry.digest[7:19]}"
+    if entry.type == "symlink":
+        return "symlink → " + printable(entry.target or "")
+    return f"{entry.type} {entry.mode or ''}".strip()
+
+
+_ORIGIN_STYLE = {"pending": "cyan", "hand-patch": "yellow", "conflict": "red", "unknown": "magenta"}
+_STATUS_STYLE = {"in-sync": "green", "drift": "yellow", "shipped": "green", "no-op": "green",
+                 "dry-run": "cyan", "refused": "red", "declined": "yellow", "error": "red",
+                 "incomplete": "red"}
+
+
+def summary_line(result: HostResult) -> str:
+    """A one-line, plain-text summary of a host's result."""
+    n = len(result.changes)
+    if result.status == "in-sync":
+        return f"{result.host}: in sync (release {result.release or 'none'})"
+    if result.status == "drift":
+        origins = sorted({c.origin for c in result.changes})
+        return f"{result.host}: {n} change(s) ({', '.join(origins)})"
+    if result.status == "shipped":
+        return (f"{result.host}: shipped release {result.release} ({n} change(s); sent "
+                f"{result.sent_files} file(s), {result.sent_bytes} bytes; the rest copied on the "
+                f"host; pruned {len(result.pruned)})")
+    if result.status == "no-op":
+        return f"{result.host}: nothing to ship; release {result.release} already matches"
+    if result.status == "dry-run":
+        return f"{result.host}: dry run: would apply {n} change(s); nothing written"
+    where = f" [stopped at {result.step}]" if result.step else ""
+    return f"{result.host}: {result.status}{where}: {result.error}"
+
+
+def print_text(console: Console, results: list[HostResult], title: str) -> None:
+    """Draw a table of changes per host, then one summary line per host."""
+    for result in results:
+        if result.changes:
+            table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD, title_justify="left")
+            for column in ("path", "change", "origin", "live", "desired"):
+                table.add_column(column, overflow="fold")
+            for c in result.changes:
+                table.add_row(Text(printable(c.path)), c.change,
+                              Text(c.origin, style=_ORIGIN_STYLE.get(c.origin, "")),
+                              Text(_attr_summary(c, c.live)), Text(_attr_summary(c, c.desired)))
+            console.print(table)
+        for u in result.unreadable:
+            console.print(Text(f"{result.host}: unreadable: {printable(u.path)}: {u.error}",
+                               style="red"))
+    for result in results:
+        line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
+        console.print(line)
+        if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
+            console.print(Text(f"  hint: {result.hint}", style="dim"))
+
+
+def _md(text: str) -> str:
+    return printable(text).replace("|", "\\|").replace("`", "\\`")
+
+
+def to_markdown(results: list[HostResult], title: str) -> str:
+    """A Markdown report: a summary table, then one table of changes per host."""
+    lines = [f"# {title}", "", "| host | status | changes | note |", "| --- | --- | --- | --- |"]
+    for r in results:
+        note = r.error or (f"release {r.release}" if r.release else "")
+        lines.append(f"| {_md(r.host)} | {r.status} | {len(r.changes)} | {_md(note)} |")
+    for r in results:
+        if not r.changes and not r.unreadable:
+            continue
+        lines += ["", f"## {_md(r.host)}", ""]
+        if r.changes:
+            lines += ["| path | change | origin | live | desired |", "| --- | --- | --- | --- | --- |"]
+            for c in r.changes:
+                lines.append(f"| `{_md(c.path)}` | {c.change} | {c.origin} | "
+                             f"{_md(_attr_summary(c, c.live))} | {_md(_attr_summary(c, c.desired))} |")
+        for u in r.unreadable:
+            lines.append(f"- unreadable: `{_md(u.path)}`: {_md(u.error)}")
+    return "\n".join(lines) + "\n"

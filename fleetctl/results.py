@@ -1,0 +1,90 @@
+"""Per-host results and the progress protocol every command reports through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetctl.drift import Change
+from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
+from fleetctl.hostcall import Unreadable
+
+# status -> exit code (DESIGN.md §4)
+STATUS_EXIT = {
+    "in-sync": EXIT_OK,
+    "drift": EXIT_FINDINGS,
+    "shipped": EXIT_OK,
+    "no-op": EXIT_OK,
+    "dry-run": EXIT_OK,
+    "refused": EXIT_REFUSED,
+    "declined": EXIT_REFUSED,
+    "incomplete": EXIT_ERROR,
+    "error": EXIT_ERROR,
+}
+
+
+@dataclass(slots=True)
+class HostResult:
+    """What one command did on one host.
+
+    Attributes:
+        host: the inventory name.
+        status: ``in-sync``, ``drift``, ``incomplete``, ``error`` (drift); ``shipped``,
+            ``no-op``, ``dry-run``, ``refused``, ``declined``, ``incomplete``, ``error`` (ship).
+        changes: the differences found (drift) or planned/applied (ship), in path order.
+        error: a one-line message when status is ``error``, ``incomplete`` or ``refused``.
+        hint: what the user can do about ``error``.
+        step: for a failed ship, the step where it stopped (``lock``, ``receive``, ``assemble``,
+            ``verify``, ``record``, ``switch``...).
+        release: the release in use after the command.
+        previous: the release in use before it.
+        pruned: releases removed by the ship.
+        unreadable: nodes the scan could not read.
+        sent_bytes: content bytes sent to the host (ship), not counting framing.
+        sent_files: distinct contents sent; the rest was copied on the host.
+        plan_digest: identifies the plan, so a confirmed plan can be checked before shipping.
+        debug: an internal error's traceback, shown only with ``--debug``.
+    """
+
+    host: str
+    status: str
+    changes: list[Change] = field(default_factory=list)
+    error: str | None = None
+    hint: str | None = None
+    step: str | None = None
+    release: str | None = None
+    previous: str | None = None
+    pruned: list[str] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
+    sent_bytes: int = 0
+    sent_files: int = 0
+    plan_digest: str | None = None
+    debug: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code this host alone would give."""
+        return STATUS_EXIT[self.status]
+
+
+class Progress(Protocol):
+    """Observer of long work; the CLI draws it, the core only calls it."""
+
+    def host_started(self, host: str) -> None: ...
+
+    def host_step(self, host: str, step: str) -> None: ...
+
+    def host_finished(self, result: HostResult) -> None: ...
+
+
+class NoProgress:
+    """The default observer: does nothing."""
+
+    def host_started(self, host: str) -> None:
+        return None
+
+    def host_step(self, host: str, step: str) -> None:
+        return None
+
+    def host_finished(self, result: HostResult) -> None:
+        return None

@@ -1,0 +1,60 @@
+"""Scanning a host: one round trip that returns its live and shipped state, and drift from it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from fleetctl.blueprint import Blueprint
+from fleetctl.drift import Change, compare
+from fleetctl.hostcall import HostCall, LiveState, read_scan
+from fleetctl.inventory import Host
+from fleetctl.manifest import Manifest
+from fleetctl.render import DesiredTree
+from fleetctl.transport import open_transport
+
+
+@contextlib.contextmanager
+def host_session(host: Host, op: str) -> Iterator[tuple[HostCall, Iterator[dict], LiveState]]:
+    """Connect, start the host-side program with ``op`` (``scan`` or ``ship``) and read the scan.
+
+    Yields ``(call, events, state)``; the caller may go on reading ``events`` (a ship does). The
+    call is ended and the connection closed on exit, whatever happened.
+
+    Raises:
+        HostError: unreachable host, bad host key, host-side failure or timeout.
+        ShipRefused: ``op`` is ``ship`` and another ship holds the host's lock.
+    """
+    transport = open_transport(host)
+    transport.connect()
+    call = None
+    try:
+        call = HostCall(transport, host.python, {"op": op, "root": host.root}, host.timeout_s)
+        events = call.events()
+        state = read_scan(call, events)
+        yield call, events, state
+    finally:
+        if call is not None:
+            call.kill()
+        transport.close()
+
+
+def shipped_base(state: LiveState) -> Manifest | None:
+    """The base of the three-way comparison for a scanned host.
+
+    An empty manifest when the host has nothing under its root (nothing there can be lost);
+    ``None`` (origin ``unknown``) when it has a tree but no record of shipping it.
+    """
+    if state.current_kind is None:
+        return Manifest()
+    return state.shipped
+
+
+def desired_for(tree: DesiredTree, state: LiveState) -> Manifest:
+    """The desired manifest with the host's default owner filled in."""
+    return tree.manifest.with_default_owner(state.owner)
+
+
+def changes_for(blueprint: Blueprint, tree: DesiredTree, state: LiveState) -> list[Change]:
+    """Every change between the host's live tree and the desired tree, with origins."""
+    return compare(desired_for(tree, state), state.live, shipped_base(state), blueprint.ignore)

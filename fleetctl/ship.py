@@ -1,0 +1,214 @@
+"""Drift and ship for one host, and the fan-out over many.
+
+Ship is plan, then act (DESIGN.md §3): under the host's lock, the host-side program scans, the
+plan is made from that scan with the same engine as ``drift``, and only then is the command sent.
+Refusals, no-ops and dry runs send ``abort`` and write nothing; the managed root is not even
+created. A ship sends only content the host does not already have; every other file is copied on
+the host from the current release (never hard-linked: invariant 4).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import getpass
+import hashlib
+import json
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from fleetctl import __version__
+from fleetctl.blueprint import Blueprint
+from fleetctl.drift import REFUSED_ORIGINS, Change
+from fleetctl.errors import FleetctlError, HostError, ShipRefused
+from fleetctl.hostcall import encode_json, frame
+from fleetctl.inventory import Host
+from fleetctl.manifest import FILE, Manifest
+from fleetctl.render import DesiredTree, render_host
+from fleetctl.results import HostResult, NoProgress, Progress
+from fleetctl.scan import changes_for, desired_for, host_session, shipped_base
+
+
+def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
+    """Identify a plan: same changes, same desired tree, same starting release."""
+    body = json.dumps([[c.path, c.change, c.origin] for c in changes] +
+                      [desired.digest(), current], ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(body.encode("ascii")).hexdigest()
+
+
+def drift_host(blueprint: Blueprint, host: Host, progress: Progress) -> HostResult:
+    """Scan one host and compare it with its desired tree (read-only: takes no lock).
+
+    Raises:
+        FleetctlError: bad input (render) or host trouble; :func:`run_hosts` turns it into a
+            result.
+    """
+    tree = render_host(blueprint, host)
+    progress.host_step(host.name, "scan")
+    with host_session(host, "scan") as (call, _events, state):
+        changes = changes_for(blueprint, tree, state)
+    if state.unreadable:
+        return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
+                          release=state.current,
+                          error=f"{len(state.unreadable)} path(s) could not be read; the scan "
+                          "is incomplete, so the host cannot be called in sync")
+    return HostResult(host.name, "drift" if changes else "in-sync", changes,
+                      release=state.current)
+
+
+@dataclass(frozen=True, slots=True)
+class ShipOptions:
+    """How to ship.
+
+    Attributes:
+        force: apply even hand-patches, conflicts and unknown origins (they are overwritten).
+        dry_run: plan only; take no lock and write nothing.
+        approved: host → plan digest the user confirmed; a host whose plan is now different
+            is refused rather than shipped unseen. ``None``: no confirmation was asked.
+    """
+
+    force: bool = False
+    dry_run: bool = False
+    approved: dict[str, str] | None = None
+
+
+def _release_id(desired: Manifest) -> str:
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
+    return f"{stamp}-{desired.digest()[7:15]}"
+
+
+def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
+              progress: Progress) -> HostResult:
+    """Plan and (unless refused, unchanged or a dry run) ship one host.
+
+    Rendering happens first, so a template error stops before the host is touched.
+
+    Raises:
+        FleetctlError: bad input, host trouble, or a refusal raised by the host (lock held).
+    """
+    tree = render_host(blueprint, host)
+    progress.host_step(host.name, "lock" if not options.dry_run else "scan")
+    op = "scan" if options.dry_run else "ship"
+    with host_session(host, op) as (call, events, state):
+        desired = desired_for(tree, state)
+        changes = changes_for(blueprint, tree, state)
+        digest = plan_digest(changes, desired, state.current)
+        result = HostResult(host.name, "dry-run", changes, release=state.current,
+                            previous=state.current, unreadable=state.unreadable,
+                            plan_digest=digest)
+
+        def stop(status: str, error: str | None = None, hint: str | None = None) -> HostResult:
+            if op == "ship":
+                call.send(frame(encode_json({"cmd": "abort"})))
+                call.finish()
+            result.status, result.error, result.hint = status, error, hint
+            return result
+
+        if state.unreadable:
+            return stop("incomplete", f"{len(state.unreadable)} path(s) could not be read; "
+                        "refusing to ship over a tree that was not fully seen")
+        refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
+        if refused and not options.force:
+            paths = sorted({c.path for c in refused})
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            return stop("refused", f"{len(paths)} path(s) would lose changes made on the host "
+                        f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",
+                        hint="review with `fleetctl drift`, then backport the hand-patch into the "
+                        "blueprint or ship with --force to overwrite it")
+        if not changes and state.shipped == desired:
+            return stop("no-op")
+        if options.dry_run:
+            return stop("dry-run")
+        if options.approved is not None and options.approved.get(host.name) != digest:
+            return stop("refused", "the host changed after the plan was confirmed; nothing "
+                        "was shipped", hint="run ship again to see the new plan")
+        release = _release_id(desired)
+        sources, blobs = _content_plan(desired, state.live)
+        command = {
+            "cmd": "ship", "release": release, "keep": host.keep_releases,
+            "desired": desired.to_json(), "sources": sources, "blob_count": len(blobs),
+            "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "fleetctl": __version__, "shipped_by": _who(),
+                     "previous": state.current, "desired_digest": desired.digest()},
+        }
+        progress.host_step(host.name, "send")
+        try:
+            call.send(frame(encode_json(command)))
+            for blob in blobs:
+                data = tree.contents[blob]
+                call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
+                result.sent_bytes += len(data)
+            result.sent_files = len(blobs)
+        except OSError:
+            pass  # the host stopped reading; its error event below says why
+        for event in events:  # raises the host's error (with its step) if any
+            if event.get("t") == "step":
+                result.step = event["name"]
+                progress.host_step(host.name, event["name"])
+            elif event.get("t") == "done":
+                result.status, result.release = "shipped", event["release"]
+                result.pruned = event["pruned"]
+                result.step = None
+                call.finish()
+                return result
+        raise call.broken(f"it ended during step {result.step or 'send'}; the previous release "
+                          "stays in use")
+
+
+def _content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], list[str]]:
+    """Return (path → live path to copy from, digests to send). Prefers the same path."""
+    have: dict[str, str] = {}
+    for entry in live:
+        if entry.type == FILE:
+            have.setdefault(entry.digest, entry.path)
+    sources, blobs = {}, []
+    for entry in desired:
+        if entry.type != FILE:
+            continue
+        same = live.get(entry.path)
+        if same is not None and same.type == FILE and same.digest == entry.digest:
+            sources[entry.path] = entry.path
+        elif entry.digest in have:
+            sources[entry.path] = have[entry.digest]
+        elif entry.digest not in blobs:
+            blobs.append(entry.digest)
+    return sources, blobs
+
+
+def _who() -> str:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: int,
+              progress: Progress | None = None) -> list[HostResult]:
+    """Run ``work`` on every host, ``parallel`` at a time; one result per host, in input order.
+
+    A host that fails gives an ``error`` (or ``refused``) result and never stops the others.
+    """
+    progress = progress or NoProgress()
+
+    def one(host: Host) -> HostResult:
+        progress.host_started(host.name)
+        try:
+            result = work(host)
+        except ShipRefused as exc:
+            result = HostResult(host.name, "refused", error=exc.message, hint=exc.hint)
+        except FleetctlError as exc:
+            step = exc.step if isinstance(exc, HostError) else None
+            result = HostResult(host.name, "error", error=exc.message, hint=exc.hint, step=step)
+        except Exception as exc:  # noqa: BLE001 - one host's bug must not lose the others
+            result = HostResult(host.name, "error", error=f"{host.name}: internal error: "
+                                f"{exc.__class__.__name__}: {exc}",
+                                hint="run with --debug for the traceback and report it",
+                                debug=traceback.format_exc())
+        progress.host_finished(result)
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(one, hosts))

@@ -1,0 +1,95 @@
+"""The transport interface: start a process on a host and talk to it over pipes."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from abc import ABC, abstractmethod
+from typing import Callable
+
+STDERR_TAIL_BYTES = 8192
+
+
+class Channel(ABC):
+    """A running process on a host: bytes to its stdin, bytes from its stdout, an exit status."""
+
+    @abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the process's stdin.
+
+        Raises:
+            OSError: the process or the connection is gone.
+        """
+
+    @abstractmethod
+    def close_stdin(self) -> None:
+        """Signal end of input to the process."""
+
+    @abstractmethod
+    def read(self, size: int) -> bytes:
+        """Return up to ``size`` bytes of stdout; ``b""`` at end of output."""
+
+    @abstractmethod
+    def wait(self) -> int:
+        """Wait for the process to end and return its exit status (-1 if unknown)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End the process (and anything it started); safe to call more than once."""
+
+    @abstractmethod
+    def stderr_tail(self) -> str:
+        """Return the last :data:`STDERR_TAIL_BYTES` bytes of stderr, decoded leniently."""
+
+
+class Transport(ABC):
+    """A way to reach one host. ``connect`` may raise :class:`fleetctl.errors.HostError`."""
+
+    label: str
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection; checks the host key for SSH (DESIGN.md invariant 7)."""
+
+    @abstractmethod
+    def start(self, argv: list[str]) -> Channel:
+        """Start ``argv`` on the host with no shell involved locally; return its channel."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection; safe to call more than once."""
+
+    def __enter__(self) -> "Transport":
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StderrTail:
+    """Drain a stderr source on a thread, keeping only the last bytes (so it never blocks)."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._thread = threading.Thread(target=self._drain, args=(read,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, read: Callable[[int], bytes]) -> None:
+        try:
+            while True:
+                block = read(4096)
+                if not block:
+                    return
+                self._chunks.append(block)
+                self._size += len(block)
+                while self._size > STDERR_TAIL_BYTES and len(self._chunks) > 1:
+                    self._size -= len(self._chunks.popleft())
+        except (OSError, EOFError, ValueError):
+            return
+
+    def text(self, wait_s: float = 1.0) -> str:
+        """Return the tail, waiting up to ``wait_s`` seconds for the source to end."""
+        self._thread.join(wait_s)
+        return b"".join(self._chunks)[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
