@@ -17,7 +17,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from tests import sshd_boxes
 from tests.sshd_boxes import ClientKey, SshdBox, free_port, start_box, write_known_hosts
 
-pytest_plugins = ["tests.ssh_fixtures"]
+# fixtures come from tests/conftest.py
 
 TIMEOUT = 5.0  # seconds, for every network step
 

@@ -1,0 +1,17 @@
+"""Shared fixtures: real sshd boxes (tests/ssh_fixtures.py) and an isolated user environment."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["tests.ssh_fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_user(tmp_path_factory, monkeypatch):
+    """No ~/.ssh/config, known_hosts, agent or fleetctl settings from the real user leak in."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("SSH_AUTH_SOCK", "FLEETCTL_INVENTORY", "FLEETCTL_BLUEPRINT"):
+        monkeypatch.delenv(var, raising=False)
+    return home

@@ -1,0 +1,169 @@
+"""Test helpers: blueprints and inventories built from dict specs, the CLI run in-process, and
+an independent snapshot of a tree (plain os.lstat + hashlib, none of fleetctl's code)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from fleetctl.cli import app
+
+AGENT_TEMPLATE = "agent: {{ agent.name }}\nrole: {{ agent.role }}\n"
+
+
+@dataclass(frozen=True)
+class Symlink:
+    """A symlink in a tree spec."""
+
+    target: str
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` and return stdout (raises on failure)."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True, env=env)
+    return done.stdout.decode()
+
+
+def build_tree(root: Path | bytes, spec: dict) -> None:
+    """Create files (str/bytes values), directories (dict values) and symlinks under ``root``.
+
+    Keys may be ``str`` or ``bytes`` (for names that are not valid UTF-8).
+    """
+    root_b = os.fsencode(root)
+    os.makedirs(root_b, exist_ok=True)
+    for name, value in spec.items():
+        path = os.path.join(root_b, os.fsencode(name))
+        if isinstance(value, dict):
+            build_tree(path, value)
+        elif isinstance(value, Symlink):
+            os.symlink(os.fsencode(value.target), path)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(value.encode() if isinstance(value, str) else value)
+
+
+def make_project(base: Path, files: dict, roles: dict[str, dict] | None = None,
+                 executable: tuple[str, ...] = (), attributes: dict | None = None,
+                 agent_template: str = AGENT_TEMPLATE, use_git: bool = True,
+                 fleetignore: str | None = None) -> Path:
+    """Create ``base/blueprint`` (a git repo unless ``use_git`` is false) and ``base/templates``.
+
+    Args:
+        files: tree spec under ``blueprint/`` (e.g. ``{"runner": {"run.sh": "..."}}``).
+        roles: role name → role dict; default one role ``worker`` using no skills.
+        executable: blueprint-relative paths whose git index mode is 100755.
+    Returns the blueprint directory.
+    """
+    bp = base / "blueprint"
+    build_tree(bp, files)
+    (bp / "roles").mkdir(exist_ok=True)
+    for name, body in (roles or {"worker": {"prompt": "work"}}).items():
+        (bp / "roles" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    if attributes is not None:
+        (bp / "attributes.yaml").write_text(yaml.safe_dump(attributes))
+    if fleetignore is not None:
+        (bp / ".fleetignore").write_text(fleetignore)
+    (base / "templates").mkdir(exist_ok=True)
+    (base / "templates" / "agent.yaml.j2").write_text(agent_template)
+    if use_git:
+        git(bp, "init", "-q")
+        git(bp, "add", "-A")
+        for rel in executable:
+            git(bp, "update-index", "--chmod=+x", rel)
+        git(bp, "commit", "-q", "-m", "blueprint")
+    return bp
+
+
+def write_inventory(path: Path, hosts: dict[str, dict], defaults: dict | None = None) -> Path:
+    """Write an inventory YAML file and return its path."""
+    body: dict[str, Any] = {"hosts": hosts}
+    if defaults:
+        body["defaults"] = defaults
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def local_host(root: Path, agents: dict | None = None, **extra: Any) -> dict:
+    """An inventory host dict for a local box at ``root``."""
+    return {"transport": "local", "root": str(root),
+            "agents": agents if agents is not None else {"w1": {"role": "worker"}}, **extra}
+
+
+def ssh_host(box, key, known_hosts: Path, root: Path, agents: dict | None = None,
+             **extra: Any) -> dict:
+    """An inventory host dict for an sshd test box, as root with the test key."""
+    return {"transport": "ssh", "address": "127.0.0.1", "port": box.port, "user": "root",
+            "identity_file": str(key.private_key), "known_hosts": str(known_hosts),
+            "root": str(root), "agents": agents if agents is not None else
+            {"w1": {"role": "worker"}}, **extra}
+
+
+@dataclass
+class Run:
+    """One CLI run: exit code, stdout, stderr, and stdout parsed as JSON when it is JSON."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def doc(self) -> dict:
+        return json.loads(self.stdout)
+
+    def host(self, name: str) -> dict:
+        return next(h for h in self.doc["hosts"] if h["host"] == name)
+
+
+def cli(*args: str, inventory: Path | None = None, blueprint: Path | None = None) -> Run:
+    """Run ``fleetctl ARGS`` in-process with typer's CliRunner (stdin is not a terminal)."""
+    argv = list(args)
+    if inventory is not None:
+        argv += ["--inventory", str(inventory)]
+    if blueprint is not None:
+        argv += ["--blueprint", str(blueprint)]
+    result = CliRunner().invoke(app, argv, catch_exceptions=False)
+    return Run(result.exit_code, result.stdout, result.stderr)
+
+
+def snapshot(root: Path | bytes) -> dict[bytes, tuple]:
+    """Describe every node under ``root`` independently of fleetctl: relative path (bytes) →
+    (type, mode bits, uid, gid, sha256 hex or link target, inode)."""
+    out = {}
+    root_b = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(root_b):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            rel = os.path.relpath(full, root_b)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", None, st.st_uid, st.st_gid, os.readlink(full), st.st_ino)
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, None, st.st_ino)
+            else:
+                with open(full, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, digest,
+                            st.st_ino)
+    return out
+
+
+def without_inodes(snap: dict) -> dict:
+    """A snapshot without inode numbers, for comparing content and attributes only."""
+    return {k: v[:5] for k, v in snap.items()}
+
+
+def changes_of(run: Run, host: str) -> set[tuple[str, str, str]]:
+    """The ``(path, change, origin)`` triples of one host in a JSON drift/ship run."""
+    return {(c["path"], c["change"], c["origin"]) for c in run.host(host)["changes"]}
