@@ -142,7 +142,7 @@ class Blueprint:
         """Return the last declared rule matching ``tree_path``, or ``None``."""
         found = None
         for rule in self.attributes.files:
-            if pathspec.PathSpec.from_lines("gitwildmatch", [rule.match]).match_file(tree_path):
+            if pathspec.PathSpec.from_lines("gitignore", [rule.match]).match_file(tree_path):
                 found = rule
         return found
 
@@ -237,7 +237,7 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
     ignore = pathspec.PathSpec([])
     ignore_path = root / ".fleetignore"
     if ignore_path.exists():
-        ignore = pathspec.PathSpec.from_lines("gitwildmatch",
+        ignore = pathspec.PathSpec.from_lines("gitignore",
                                               ignore_path.read_text("utf-8").splitlines())
     return Blueprint(root=root, templates=templates, roles=roles, skills=skills, files=files,
                      attributes=attributes, ignore=ignore)

@@ -136,9 +136,9 @@ def _guard(fn: Callable[[], int]) -> None:
     try:
         code = fn()
     except FleetctlError as exc:
-        err.print(f"error: {exc.message}", markup=False, highlight=False)
+        err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
         if exc.hint:
-            err.print(f"hint: {exc.hint}", markup=False, highlight=False)
+            err.print(f"hint: {exc.hint}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     raise typer.Exit(code)
 

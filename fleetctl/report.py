@@ -184,9 +184,9 @@ def print_text(console: Console, results: list[HostResult], title: str) -> None:
                                style="red"))
     for result in results:
         line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
-        console.print(line)
+        console.print(line, soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
-            console.print(Text(f"  hint: {result.hint}", style="dim"))
+            console.print(Text(f"  hint: {result.hint}", style="dim"), soft_wrap=True)
 
 
 def _md(text: str) -> str:

@@ -81,6 +81,7 @@ def make_project(base: Path, files: dict, roles: dict[str, dict] | None = None,
         git(bp, "init", "-q")
         git(bp, "add", "-A")
         for rel in executable:
+            os.chmod(bp / rel, 0o755)  # as a real checkout would have it, so later adds keep it
             git(bp, "update-index", "--chmod=+x", rel)
         git(bp, "commit", "-q", "-m", "blueprint")
     return bp

@@ -1,0 +1,55 @@
+"""Bad inventory input: an error naming file, line and key path, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import cli, make_project
+
+GOOD_HOST = "    transport: local\n    root: box\n    agents:\n      w1: {role: worker}\n"
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("hosts:\n  h:\n" + GOOD_HOST + "    colour: blue\n", "inv.yaml:7: hosts.h.colour: unknown key"),
+    ("hosts:\n  h:\n    transport: local\n    root: box\n    port: abc\n",
+     "inv.yaml:5: hosts.h.port: input should be a valid integer"),
+    ("hosts:\n  h:\n    transport: local\n    root: box\n    agents:\n      w1: {role: nope}\n",
+     "inv.yaml:6: hosts.h.agents.w1.role: no role 'nope' in the blueprint"),
+    ("hosts:\n  h:\n    transport: local\n    root: [unclosed\n", "inv.yaml:5: invalid YAML"),
+    ("hosts:\n  h:\n    address: x\n", "inv.yaml:2: hosts.h.root: required key is missing"),
+    ("hosts:\n  h:\n    root: relative/path\n", "inv.yaml:3: hosts.h.root: must be an absolute path"),
+    ("defaults:\n  transport: telnet\nhosts: {}\n", "inv.yaml:2: defaults.transport: input should be"),
+    ("hosts:\n  'bad name':\n    root: /x\n", "hosts: value error"),
+])
+def test_bad_inventory(tmp_path, body, expected):
+    bp = make_project(tmp_path, {})
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(body)
+    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2
+    assert run.stdout == ""
+    assert expected in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_unknown_host_name_is_an_input_error(tmp_path):
+    bp = make_project(tmp_path, {})
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n" + GOOD_HOST)
+    run = cli("drift", "nosuch", inventory=inv, blueprint=bp)
+    assert run.code == 2 and "no host named nosuch" in run.stderr and "hosts in this inventory: h" in run.stderr
+
+
+def test_missing_inventory_file(tmp_path):
+    bp = make_project(tmp_path, {})
+    run = cli("drift", inventory=tmp_path / "absent.yaml", blueprint=bp)
+    assert run.code == 2 and "absent.yaml: file not found" in run.stderr
+
+
+def test_bad_role_file_names_its_line(tmp_path):
+    bp = make_project(tmp_path, {}, roles={"worker": {"prompt": "p", "max_retries": "many"}})
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  h:\n" + GOOD_HOST)
+    run = cli("drift", inventory=inv, blueprint=bp)
+    assert run.code == 2
+    assert "roles/worker.yaml:1: max_retries: input should be a valid integer" in run.stderr

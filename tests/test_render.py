@@ -1,0 +1,134 @@
+"""Rendering the blueprint: modes from git metadata, templates byte-exact, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetctl.blueprint import load_blueprint
+from fleetctl.errors import InputError
+from fleetctl.inventory import load_inventory
+from fleetctl.manifest import sha256_digest
+from fleetctl.render import render_host, render_template
+from tests.helpers import Symlink, cli, local_host, make_project, snapshot, write_inventory
+
+
+def _render(tmp_path: Path, bp: Path, **host_extra):
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box", **host_extra)})
+    blueprint = load_blueprint(bp)
+    host = load_inventory(inv, set(blueprint.roles)).hosts[0]
+    return render_host(blueprint, host)
+
+
+def test_modes_come_from_git_not_from_the_checkout(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"tool": "#!/bin/sh\n", "data": "x"}},
+                      executable=("runner/tool",))
+    # The checkout says the opposite of what git records: git must win.
+    os.chmod(bp / "runner" / "tool", 0o644)
+    os.chmod(bp / "runner" / "data", 0o755)
+    tree = _render(tmp_path, bp)
+    assert tree.manifest.get("runner/tool").mode == "0755"
+    assert tree.manifest.get("runner/data").mode == "0644"
+
+
+def test_declared_mode_wins_and_declared_empty_dirs_exist(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"secret.txt": "x"}},
+                      attributes={"files": [{"match": "runner/*.txt", "mode": "0600"}],
+                                  "dirs": [{"path": "runner/spool", "mode": "1777"},
+                                           {"path": "runner/empty/deep", "mode": "0700"}]})
+    tree = _render(tmp_path, bp)
+    assert tree.manifest.get("runner/secret.txt").mode == "0600"
+    assert tree.manifest.get("runner/spool").mode == "1777"
+    assert tree.manifest.get("runner/empty/deep").mode == "0700"
+    assert tree.manifest.get("runner/empty").mode == "0755"
+
+
+def test_unquoted_octal_mode_is_an_error_naming_the_file(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}})
+    (bp / "attributes.yaml").write_text("files:\n  - match: runner/a\n    mode: 0644\n")
+    with pytest.raises(InputError) as exc:
+        load_blueprint(bp)
+    assert "attributes.yaml:3: files[0].mode" in exc.value.message
+    assert "quoted" in exc.value.message
+
+
+def test_dangling_symlink_in_the_blueprint_is_shipped_as_a_symlink(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"link": Symlink("../nowhere/at-all")}})
+    tree = _render(tmp_path, bp)
+    entry = tree.manifest.get("runner/link")
+    assert (entry.type, entry.target) == ("symlink", "../nowhere/at-all")
+
+
+@pytest.mark.parametrize("source,expected", [
+    (b"a={{ x }}\n", b"a=1\n"),                     # final newline kept
+    (b"a={{ x }}", b"a=1"),                         # no final newline stays none
+    (b"a={{ x }}\r\nb\r\n", b"a=1\r\nb\r\n"),       # CRLF kept
+    (b"{% if false %}x{% endif %}", b""),           # renders empty: empty file
+    (b"\xc3\xa9={{ x }}\n\n", "\u00e9=1\n\n".encode()),  # UTF-8 and blank final line
+])
+def test_templates_keep_newlines_and_emptiness(source, expected):
+    assert render_template(source, "t.j2", {"x": 1}) == expected
+
+
+def test_undefined_variable_names_template_line_and_name():
+    with pytest.raises(InputError) as exc:
+        render_template(b"one\ntwo\nthree={{ missing_var }}\n", "runner/conf.j2", {})
+    assert exc.value.message == "runner/conf.j2:3: undefined variable 'missing_var'"
+
+
+def test_template_suffix_is_dropped_and_output_is_byte_exact(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"env.j2": "H={{ host.name }}\r\n",
+                                            "raw.bin": b"\x00\xff{{ not_a_template }}"}})
+    tree = _render(tmp_path, bp)
+    env = tree.manifest.get("runner/env")
+    assert env.digest == sha256_digest(b"H=h\r\n")
+    assert "runner/env.j2" not in tree.manifest
+    assert tree.manifest.get("runner/raw.bin").digest == sha256_digest(b"\x00\xff{{ not_a_template }}")
+
+
+def test_agent_dirs_and_credentials_place(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}})
+    tree = _render(tmp_path, bp)
+    assert tree.manifest.get("agents/w1/agent.yaml").digest == sha256_digest(b"agent: w1\nrole: worker\n")
+    assert tree.manifest.get("agents/w1/credentials").mode == "0700"
+
+
+def test_only_skills_of_the_hosts_roles_are_shipped(tmp_path):
+    bp = make_project(tmp_path, {"skills": {"used": {"SKILL.md": "u"}, "unused": {"SKILL.md": "n"}}},
+                      roles={"worker": {"prompt": "p", "skills": ["used"]}})
+    tree = _render(tmp_path, bp)
+    assert "skills/used/SKILL.md" in tree.manifest
+    assert "skills/unused" not in tree.manifest
+
+
+def test_role_naming_a_missing_skill_is_an_error(tmp_path):
+    bp = make_project(tmp_path, {}, roles={"worker": {"prompt": "p", "skills": ["ghost"]}})
+    with pytest.raises(InputError) as exc:
+        load_blueprint(bp)
+    assert "worker.yaml:" in exc.value.message and "skills[0]" in exc.value.message
+    assert "ghost" in exc.value.message
+
+
+def test_render_out_writes_the_tree_with_modes(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"tool": "#!/bin/sh\n", "l": Symlink("tool")}},
+                      executable=("runner/tool",))
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box")})
+    out = tmp_path / "out"
+    run = cli("render", "h", "--out", str(out), inventory=inv, blueprint=bp)
+    assert run.code == 0, run.stderr
+    snap = snapshot(out)
+    assert snap[b"runner/tool"][1] == 0o755
+    assert snap[b"runner/l"][0] == "symlink" and snap[b"runner/l"][4] == b"tool"
+    assert snap[b"agents/w1/credentials"][1] == 0o700
+    # never overwrites
+    again = cli("render", "h", "--out", str(out), inventory=inv, blueprint=bp)
+    assert again.code == 2 and "not an empty directory" in again.stderr
+
+
+def test_blueprint_outside_git_uses_declared_modes_only(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"tool": "x"}}, use_git=False)
+    os.chmod(bp / "runner" / "tool", 0o755)
+    tree = _render(tmp_path, bp)
+    assert tree.manifest.get("runner/tool").mode == "0644"

@@ -1,0 +1,316 @@
+"""Ship and drift end to end on local boxes (a directory as the host): the tree model's edge
+cases, each checked against an independent snapshot of the host's directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (Symlink, build_tree, changes_of, cli, git, local_host, make_project,
+                           snapshot, without_inodes, write_inventory)
+
+
+class Fleet:
+    """One blueprint (a git repo) and one local host, driven through the CLI."""
+
+    def __init__(self, tmp_path: Path, files: dict, **project_kw) -> None:
+        self.base = tmp_path
+        self.bp = make_project(tmp_path, files, **project_kw)
+        self.root = tmp_path / "box"
+        self.inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(self.root)})
+
+    def run(self, *args: str):
+        return cli(*args, "--format", "json", inventory=self.inv, blueprint=self.bp)
+
+    def ship(self, *extra: str):
+        return self.run("ship", "--yes", *extra)
+
+    def drift(self):
+        return self.run("drift")
+
+    @property
+    def current(self) -> Path:
+        return self.root / "current"
+
+    def commit(self, files: dict | None = None, remove: tuple[str, ...] = ()) -> None:
+        if files:
+            build_tree(self.bp, files)
+        for rel in remove:
+            p = self.bp / rel
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        git(self.bp, "add", "-A")
+        git(self.bp, "commit", "-q", "-m", "change", "--allow-empty")
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"run.sh": "#!/bin/sh\necho run\n", "conf": "a=1\n",
+                                    "link": Symlink("conf"), "sub": {"x": "x\n"}}},
+              executable=("runner/run.sh",))
+    first = f.ship()
+    assert first.code == 0, first.stderr
+    return f
+
+
+def test_first_ship_lays_out_the_exact_tree(fleet):
+    snap = snapshot(fleet.current)
+    uid, gid = os.getuid(), os.getgid()
+    expected = {
+        b"runner": ("dir", 0o755, uid, gid, None),
+        b"runner/run.sh": ("file", 0o755, uid, gid, sha(b"#!/bin/sh\necho run\n")),
+        b"runner/conf": ("file", 0o644, uid, gid, sha(b"a=1\n")),
+        b"runner/link": ("symlink", None, uid, gid, b"conf"),
+        b"runner/sub": ("dir", 0o755, uid, gid, None),
+        b"runner/sub/x": ("file", 0o644, uid, gid, sha(b"x\n")),
+        b"agents": ("dir", 0o755, uid, gid, None),
+        b"agents/w1": ("dir", 0o755, uid, gid, None),
+        b"agents/w1/agent.yaml": ("file", 0o644, uid, gid, sha(b"agent: w1\nrole: worker\n")),
+        b"agents/w1/credentials": ("dir", 0o700, uid, gid, None),
+    }
+    assert without_inodes(snap) == expected
+    assert os.readlink(fleet.current).startswith(b"releases/".decode())
+    assert fleet.drift().code == 0
+
+
+def test_second_ship_is_a_no_op_that_says_so(fleet):
+    before = snapshot(fleet.root)
+    run = fleet.ship()
+    assert run.code == 0 and run.host("h")["status"] == "no-op"
+    assert snapshot(fleet.root) == before
+    text = cli("ship", "--yes", inventory=fleet.inv, blueprint=fleet.bp)
+    assert "nothing to ship" in text.stdout
+
+
+def test_every_pending_kind_is_applied(fleet):
+    # conf content changes, a new file appears, link points elsewhere, sub/ is gone
+    fleet.commit({"runner": {"conf": "a=2\n", "new": "n\n"}},
+                 remove=("runner/sub", "runner/link"))
+    os.symlink("new", fleet.bp / "runner" / "link")
+    fleet.commit()
+    drift = fleet.drift()
+    assert drift.code == 1
+    assert changes_of(drift, "h") == {
+        ("runner/conf", "content", "pending"), ("runner/new", "missing", "pending"),
+        ("runner/link", "target", "pending"), ("runner/sub", "extra", "pending"),
+        ("runner/sub/x", "extra", "pending")}
+    assert fleet.ship().code == 0
+    snap = snapshot(fleet.current)
+    assert b"runner/sub" not in snap and b"runner/sub/x" not in snap
+    assert snap[b"runner/link"][4] == b"new"
+    assert snap[b"runner/conf"][4] == sha(b"a=2\n")
+    assert fleet.drift().code == 0
+
+
+def test_refusal_writes_nothing_and_names_the_paths(fleet):
+    (fleet.current / "runner" / "conf").write_text("patched on the box\n")
+    (fleet.current / "runner" / "stray").write_text("left by a person\n")
+    before = snapshot(fleet.root)
+    run = fleet.ship()
+    assert run.code == 3
+    host = run.host("h")
+    assert host["status"] == "refused"
+    assert "runner/conf" in host["error"] and "runner/stray" in host["error"]
+    assert snapshot(fleet.root) == before  # inodes included: nothing touched at all
+    assert changes_of(run, "h") == {("runner/conf", "content", "hand-patch"),
+                                    ("runner/stray", "extra", "hand-patch")}
+
+
+def test_conflict_and_force(fleet):
+    fleet.commit({"runner": {"conf": "a=blueprint\n"}})
+    (fleet.current / "runner" / "conf").write_text("a=box\n")
+    drift = fleet.drift()
+    assert changes_of(drift, "h") == {("runner/conf", "content", "conflict")}
+    assert fleet.ship().code == 3
+    forced = fleet.ship("--force")
+    assert forced.code == 0
+    assert (fleet.current / "runner" / "conf").read_bytes() == b"a=blueprint\n"
+    assert fleet.drift().code == 0
+
+
+def test_unknown_origin_for_a_tree_without_record(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"a": "a\n"}})
+    # A box set up by something else: a release and a current link, but no fleetctl record.
+    build_tree(f.root / "releases" / "old", {"runner": {"a": "old\n"}})
+    os.symlink("releases/old", f.root / "current")
+    drift = f.drift()
+    assert drift.code == 1
+    origins = {c["origin"] for c in drift.host("h")["changes"]}
+    assert origins == {"unknown"}
+    assert f.ship().code == 3
+    assert f.ship("--force").code == 0
+    assert f.drift().code == 0
+
+
+def test_mode_only_change_is_reported_as_mode_only(fleet):
+    os.chmod(fleet.current / "runner" / "conf", 0o600)
+    assert changes_of(fleet.drift(), "h") == {("runner/conf", "mode", "hand-patch")}
+
+
+def test_owner_change_is_drift_and_declared_owner_is_applied(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"a": "a\n", "b": "b\n"}},
+              attributes={"files": [{"match": "runner/b", "owner": "nobody:nogroup"}]})
+    assert f.ship().code == 0
+    st = os.lstat(f.current / "runner" / "b")
+    import grp
+    import pwd
+    assert (st.st_uid, st.st_gid) == (pwd.getpwnam("nobody").pw_uid, grp.getgrnam("nogroup").gr_gid)
+    os.chown(f.current / "runner" / "a", pwd.getpwnam("nobody").pw_uid, -1)
+    assert changes_of(f.drift(), "h") == {("runner/a", "owner", "hand-patch")}
+
+
+def test_mtime_only_change_is_not_drift(fleet):
+    os.utime(fleet.current / "runner" / "conf", (1, 1))
+    assert fleet.drift().code == 0
+
+
+def test_live_symlink_to_identical_bytes_is_a_type_change(fleet):
+    conf = fleet.current / "runner" / "conf"
+    data = conf.read_bytes()
+    (fleet.base / "same").write_bytes(data)
+    conf.unlink()
+    os.symlink(fleet.base / "same", conf)
+    assert changes_of(fleet.drift(), "h") == {("runner/conf", "type", "hand-patch")}
+    assert fleet.ship("--force").code == 0
+    assert not (fleet.current / "runner" / "conf").is_symlink()
+    assert (fleet.current / "runner" / "conf").read_bytes() == data
+
+
+@pytest.mark.parametrize("new", ["file", "symlink"])
+def test_directory_replaced_by_file_or_symlink_and_back(fleet, new):
+    fleet.commit(remove=("runner/sub",))
+    if new == "file":
+        fleet.commit({"runner": {"sub": "now a file\n"}})
+    else:
+        os.symlink("conf", fleet.bp / "runner" / "sub")
+        fleet.commit()
+    assert changes_of(fleet.drift(), "h") >= {("runner/sub", "type", "pending")}
+    assert fleet.ship().code == 0
+    snap = snapshot(fleet.current)
+    assert snap[b"runner/sub"][0] == new and b"runner/sub/x" not in snap
+    # and back to a directory
+    fleet.commit(remove=("runner/sub",))
+    fleet.commit({"runner": {"sub": {"x": "x\n"}}})
+    assert fleet.ship().code == 0
+    assert snapshot(fleet.current)[b"runner/sub"][0] == "dir"
+    assert fleet.drift().code == 0
+
+
+def test_empty_directories_keep_exact_modes_including_sticky(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"a": "a\n"}},
+              attributes={"dirs": [{"path": "runner/spool", "mode": "1777"},
+                                   {"path": "runner/locked", "mode": "0500"},
+                                   {"path": "runner/sgid", "mode": "2750"}]})
+    old_umask = os.umask(0o077)  # the host's umask must not leak into modes
+    try:
+        assert f.ship().code == 0
+    finally:
+        os.umask(old_umask)
+    snap = snapshot(f.current)
+    assert snap[b"runner/spool"][1] == 0o1777
+    assert snap[b"runner/locked"][1] == 0o500
+    assert snap[b"runner/sgid"][1] == 0o2750
+    assert snap[b"runner/a"][1] == 0o644
+    assert f.drift().code == 0
+
+
+def test_releases_share_no_inode_and_hard_links_on_host_are_not_followed(fleet):
+    old_release = os.path.realpath(fleet.current)
+    conf, x = fleet.current / "runner" / "conf", fleet.current / "runner" / "sub" / "x"
+    # Someone hard-links two managed files together on the host: x now is conf's inode.
+    x.unlink()
+    os.link(conf, x)
+    fleet.ship("--force")
+    new_release = os.path.realpath(fleet.current)
+    assert new_release != old_release
+    old_inodes = {v[5] for v in snapshot(old_release).values()}
+    new_inodes = {v[5] for v in snapshot(new_release).values()}
+    assert not old_inodes & new_inodes
+    # Editing one file of the new release in place changes nothing else anywhere.
+    with open(fleet.current / "runner" / "conf", "r+b") as fh:
+        fh.write(b"Z")
+    assert (fleet.current / "runner" / "sub" / "x").read_bytes() == b"x\n"
+    assert Path(old_release, "runner", "conf").read_bytes() == b"a=1\n"
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(fleet):
+    fleet.commit({"runner": {"conf": "a=3\n", "added": "+\n"}})
+    before = snapshot(fleet.root)
+    dry = fleet.ship("--dry-run")
+    assert dry.code == 0 and dry.host("h")["status"] == "dry-run"
+    assert snapshot(fleet.root) == before
+    real = fleet.ship()
+    assert real.host("h")["status"] == "shipped"
+    assert changes_of(dry, "h") == changes_of(real, "h") == {
+        ("runner/conf", "content", "pending"), ("runner/added", "missing", "pending")}
+
+
+def test_dry_run_on_a_new_host_creates_nothing(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"a": "a\n"}})
+    assert f.ship("--dry-run").code == 0
+    assert not f.root.exists()
+
+
+def test_undefined_variable_aborts_before_touching_the_host(fleet):
+    fleet.commit({"runner": {"conf.j2": "x={{ not_defined_anywhere }}\n"}})
+    before = snapshot(fleet.root)
+    run = fleet.ship()
+    assert run.code == 2
+    assert "runner/conf.j2:1: undefined variable 'not_defined_anywhere'" in run.host("h")["error"]
+    assert snapshot(fleet.root) == before
+
+
+def test_keeps_last_five_releases_and_never_prunes_current(fleet):
+    for i in range(6):
+        fleet.commit({"runner": {"conf": f"a={i + 10}\n"}})
+        assert fleet.ship().code == 0
+    releases = sorted(os.listdir(fleet.root / "releases"))
+    assert len(releases) == 5
+    assert os.path.basename(os.readlink(fleet.current)) == releases[-1]
+    records = sorted(os.listdir(fleet.root / ".fleetctl" / "releases"))
+    assert records == [r + ".json" for r in releases]
+
+
+def test_only_missing_content_is_sent(fleet):
+    fleet.commit({"runner": {"conf": "a=1\n", "copy-of-conf": "a=1\n", "fresh": "new bytes\n"}})
+    run = fleet.ship()
+    host = run.host("h")
+    assert host["sent_files"] == 1 and host["sent_bytes"] == len(b"new bytes\n")
+
+
+def test_record_holds_digests_not_contents(fleet):
+    (record,) = (fleet.root / ".fleetctl" / "releases").iterdir()
+    text = record.read_text()
+    assert "echo run" not in text and sha(b"#!/bin/sh\necho run\n") in text
+
+
+def test_fleetignore_paths_never_drift(tmp_path):
+    f = Fleet(tmp_path, {"runner": {"a.py": "print(1)\n"}}, fleetignore="__pycache__/\n*.pyc\n")
+    assert f.ship().code == 0
+    build_tree(f.current / "runner", {"__pycache__": {"a.cpython-311.pyc": b"\x00"}, "b.pyc": b"1"})
+    assert f.drift().code == 0
+
+
+def test_markdown_and_text_reports(fleet):
+    (fleet.current / "runner" / "conf").write_text("x\n")
+    md = cli("drift", "--format", "markdown", inventory=fleet.inv, blueprint=fleet.bp)
+    assert md.code == 1
+    assert "| `runner/conf` | content | hand-patch |" in md.stdout
+    text = cli("drift", inventory=fleet.inv, blueprint=fleet.bp)
+    assert text.code == 1 and "runner/conf" in text.stdout and "hand-patch" in text.stdout
+
+
+def test_output_file(fleet, tmp_path):
+    out = tmp_path / "report.json"
+    run = cli("drift", "--format", "json", "--output", str(out), inventory=fleet.inv,
+              blueprint=fleet.bp)
+    assert run.code == 0 and run.stdout == ""
+    import json
+    assert json.loads(out.read_text())["hosts"][0]["status"] == "in-sync"
