@@ -125,7 +125,7 @@ class HostCall:
                 except OSError as exc:
                     raise self.broken(str(exc)) from None
                 if not block:
-                    if self._buffer:
+                    if self._buffer or self._timed_out:
                         raise self.broken("output ended mid-line")
                     return
                 self._buffer += block
@@ -207,4 +207,4 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             if state.shipped is not None:
                 state.shipped = Manifest(shipped)
             return state
-    raise HostError(f"{call.label}: the scan ended early")
+    raise call.broken("the scan ended early")

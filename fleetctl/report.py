@@ -164,7 +164,10 @@ def summary_line(result: HostResult) -> str:
     if result.status == "dry-run":
         return f"{result.host}: dry run: would apply {n} change(s); nothing written"
     where = f" [stopped at {result.step}]" if result.step else ""
-    return f"{result.host}: {result.status}{where}: {result.error}"
+    error = result.error or ""
+    if error.startswith(result.host + ": "):
+        error = error[len(result.host) + 2:]
+    return f"{result.host}: {result.status}{where}: {error}"
 
 
 def print_text(console: Console, results: list[HostResult], title: str) -> None:

@@ -105,7 +105,7 @@ def project(tmp_path: Path, runner: dict | None = None,
                         executable=executable)
 
 
-def ship(inv: Path, bp: Path, *extra: str):
+def ship(inv: Path, bp: Path, *extra: str):  # noqa
     return cli("ship", "--yes", "--format", "json", *extra, inventory=inv, blueprint=bp)
 
 

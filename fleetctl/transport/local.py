@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 
+from fleetctl.errors import HostError
 from fleetctl.transport.base import Channel, StderrTail, Transport
 
 
@@ -59,7 +60,11 @@ class LocalTransport(Transport):
         return None
 
     def start(self, argv: list[str]) -> Channel:
-        return LocalChannel(argv)
+        try:
+            return LocalChannel(argv)
+        except OSError as exc:
+            raise HostError(f"{self.label}: cannot start {argv[0]}: {exc.strerror}",
+                            hint="set `python:` for this host in the inventory") from None
 
     def close(self) -> None:
         return None

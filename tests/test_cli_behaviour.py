@@ -1,0 +1,123 @@
+"""Behaviour a user meets at the terminal and in CI: the demo, confirmation on a terminal only,
+timeouts, and reversible escaping of names that are not UTF-8."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetctl.report import escape_name, unescape_name
+from tests.helpers import cli, local_host, make_project, snapshot, write_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_demo_script_runs_every_step(tmp_path):
+    """The README's first command, end to end, on a copy of the repository."""
+    copy = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(copy)], check=True)
+    # Reuse this run's environment instead of installing again: the demo's setup step is
+    # exercised by CI's own run of scripts/setup.sh.
+    os.symlink(Path(sys.executable).resolve().parent.parent, copy / ".venv")
+    done = subprocess.run(["bash", "scripts/demo.sh"], cwd=copy, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in ("-> exit 0 (shipped)", "-> exit 1 (drift found)", "-> exit 3 (refused)",
+                 "-> exit 0 (in sync)", "demo: all steps behaved as expected"):
+        assert line in done.stdout
+    assert "hand-patch" in done.stdout
+
+
+def _run_in_pty(argv: list[str], answer: bytes, cwd: Path, timeout_s: float = 60) -> tuple[int, bytes]:
+    pid, fd = pty.fork()
+    if pid == 0:  # child
+        os.chdir(cwd)
+        os.execv(argv[0], argv)
+    out = b""
+    answered = False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                block = os.read(fd, 4096)
+            except OSError:
+                break
+            if not block:
+                break
+            out += block
+            if not answered and b"[y/N]" in out:
+                os.write(fd, answer + b"\n")
+                answered = True
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
+@pytest.mark.parametrize("answer,code", [(b"n", 3), (b"y", 0)])
+def test_ship_asks_on_a_terminal(tmp_path, answer, code):
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    root = tmp_path / "box"
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(root)})
+    exe = str(Path(sys.executable).parent / "fleetctl")
+    status, out = _run_in_pty([exe, "ship", "--inventory", str(inv), "--blueprint", str(bp)],
+                              answer, tmp_path)
+    assert b"Ship 6 change(s) to 1 host(s)?" in out
+    assert status == code, out.decode(errors="replace")
+    if code == 3:
+        assert not root.exists()
+    else:
+        assert (root / "current" / "runner" / "a").read_bytes() == b"a\n"
+
+
+def test_no_question_without_a_terminal(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box")})
+    run = cli("ship", inventory=inv, blueprint=bp)  # CliRunner's stdin is not a terminal
+    assert run.code == 0 and "[y/N]" not in run.stderr + run.stdout
+
+
+def test_a_hung_host_times_out_and_the_others_finish(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    hang = tmp_path / "hang-python"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.chmod(0o755)
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "good": local_host(tmp_path / "good"),
+        "stuck": local_host(tmp_path / "stuck", python=str(hang)),
+    })
+    started = time.monotonic()
+    run = cli("ship", "--yes", "--format", "json", "--timeout", "2", inventory=inv, blueprint=bp)
+    elapsed = time.monotonic() - started
+    assert run.code == 2
+    assert run.host("good")["status"] == "shipped"
+    stuck = run.host("stuck")
+    assert stuck["status"] == "error" and "timed out" in stuck["error"]
+    assert elapsed < 30
+    assert not (tmp_path / "stuck").exists() or snapshot(tmp_path / "stuck") == {}
+
+
+def test_a_host_whose_interpreter_is_missing_is_an_error(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "h": local_host(tmp_path / "box", python=str(tmp_path / "no-such-python"))})
+    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2
+    assert run.host("h")["status"] == "error"
+
+
+@pytest.mark.parametrize("raw", [b"plain", b"bad\xff", b"back\\slash\xfe", b"\\x41\xc3", b"caf\xc3\xa9"])
+def test_escaped_names_round_trip(raw):
+    name = os.fsdecode(raw)
+    text, escaped = escape_name(name)
+    assert escaped == (raw != raw.decode("utf-8", "replace").encode("utf-8"))
+    if escaped:
+        assert os.fsencode(unescape_name(text)) == raw
+    else:
+        assert text == raw.decode("utf-8")
