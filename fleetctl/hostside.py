@@ -226,7 +226,11 @@ def read_state(root):
     current = os.path.join(root, b"current")
     try:
         st = os.lstat(current)
-    except OSError:
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            # Not knowing whether a tree exists is not the same as having none.
+            state["current_kind"] = "unreadable"
+            emit({"t": "unreadable", "path": ".", "error": os_error_text(exc)})
         return state
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(current)
@@ -266,7 +270,7 @@ def scan(root, state):
     """Emit the live manifest of ``<root>/current`` and the shipped manifest; return entries."""
     entries = []
     unreadable = 0
-    if state["current_kind"] == "symlink":
+    if state["current_kind"] in ("symlink", "foreign-symlink"):
         if state["shipped"]:
             emit_shipped(root, enc(state["current"]))
         entries, unreadable = scan_tree(os.path.join(root, b"current/"))
@@ -333,32 +337,55 @@ def force_rmtree(path):
         shutil.rmtree(path, onerror=onerror)
 
 
-def write_file(dest, source_iter, owner, mode, step, rel):
-    # Created 0600 from the first byte (O_EXCL, no umask involved): never wider than its final
-    # mode while content is written. chown before chmod, since chown clears setuid bits.
+def write_file(dest, source, owner, mode):
+    """Create ``dest`` as a copy of the file ``source`` with explicit owner and mode.
+
+    Created 0600 from the first byte (O_EXCL, no umask involved), so it is never wider than its
+    final mode while content is written; chown before chmod, since chown clears setuid bits.
+    The copy is made in the kernel (copy_file_range; a reflink where the filesystem can):
+    always a new inode, never a hard link.
+    """
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        for block in source_iter:
-            view = memoryview(block)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            copy_fd(src, fd)
+        finally:
+            os.close(src)
         uid, gid = owner
         if uid != -1:
             os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
-        os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def read_chunks(path):
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(CHUNK_BYTES)
-            if not block:
+def copy_fd(src, dst):
+    size = os.fstat(src).st_size
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            left = size
+            while left > 0:
+                done = copy_range(src, dst, min(left, 1 << 30))
+                if done == 0:
+                    break
+                left -= done
+            if left == 0:
                 return
-            yield block
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        os.lseek(src, 0, os.SEEK_SET)
+        os.lseek(dst, 0, os.SEEK_SET)
+        os.ftruncate(dst, 0)
+    while True:
+        block = os.read(src, CHUNK_BYTES)
+        if not block:
+            return
+        view = memoryview(block)
+        while view:
+            view = view[os.write(dst, view):]
 
 
 def receive_blobs(blob_dir, count):
@@ -404,13 +431,12 @@ def assemble(stage, desired, sources, blob_dir, current_dir):
         elif kind == "file":
             source = sources.get(entry["path"])
             if source is None:
-                blob = os.path.join(blob_dir, entry["digest"].split(":", 1)[1].encode("ascii"))
-                chunks = read_chunks(blob)
+                source_path = os.path.join(blob_dir, entry["digest"].split(":", 1)[1].encode("ascii"))
             else:
-                # Copied byte for byte from the current release, never hard-linked: releases
-                # must share no inode (DESIGN.md invariant 4).
-                chunks = read_chunks(os.path.join(current_dir, enc(source)))
-            write_file(dest, chunks, owner, int(entry["mode"], 8), "assemble", entry["path"])
+                # Copied from the current release, never hard-linked: releases must share no
+                # inode (DESIGN.md invariant 4).
+                source_path = os.path.join(current_dir, enc(source))
+            write_file(dest, source_path, owner, int(entry["mode"], 8))
         else:
             raise Stop("assemble", "failed", "cannot ship an entry of type %s" % kind, entry["path"])
     # Directory modes last and deepest first, so a 0555 directory is filled before it closes.
@@ -545,13 +571,17 @@ def do_ship(root, request, state, scanned):
         step = "record"
         emit({"t": "step", "name": step})
         flush()
+        # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
+        # of a ship's time): the release must be on disk before it can become current.
+        os.sync()
         os.rename(stage, os.path.join(releases_dir, release))
         write_record(root, release, command["desired"], command.get("meta", {}))
         fsync_dir(releases_dir)
         step = "switch"
         emit({"t": "step", "name": step})
         flush()
-        if state["current_kind"] == "symlink" and not unchanged_since_scan(root, scanned):
+        if state["current_kind"] in ("symlink", "foreign-symlink") and \
+                not unchanged_since_scan(root, scanned):
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
         switch(root, release)
@@ -607,7 +637,7 @@ def main():
             lock_fd = lock_root(root)
         state = read_state(root)
         emit(state)
-        if request["op"] == "ship" and state["current_kind"] not in (None, "symlink"):
+        if request["op"] == "ship" and state["current_kind"] in ("dir", "other"):
             raise Stop("scan", "layout", "%s/current is a %s, not a release symlink; move it "
                        "aside to adopt this host" % (dec(root), state["current_kind"]))
         scanned = scan(root, state)
