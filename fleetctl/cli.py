@@ -117,7 +117,7 @@ def _report(results: list[HostResult], command: str, fmt: Format, output: Option
         for r in results:
             if r.debug:
                 err.print(r.debug, markup=False, highlight=False)
-    title = "drift" if command == "drift" else "ship plan"
+    title = command
     if fmt is Format.json:
         _emit(to_json(results, command, code), output)
     elif fmt is Format.markdown:

@@ -162,7 +162,8 @@ def summary_line(result: HostResult) -> str:
     if result.status == "no-op":
         return f"{result.host}: nothing to ship; release {result.release} already matches"
     if result.status == "dry-run":
-        return f"{result.host}: dry run: would apply {n} change(s); nothing written"
+        return (f"{result.host}: dry run: would apply {n} change(s) as a new release, sending "
+                f"{result.sent_files} file(s), {result.sent_bytes} bytes; nothing written")
     where = f" [stopped at {result.step}]" if result.step else ""
     error = result.error or ""
     if error.startswith(result.host + ": "):

@@ -120,13 +120,16 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                         "blueprint or ship with --force to overwrite it")
         if not changes and state.shipped == desired:
             return stop("no-op")
+        sources, blobs = _content_plan(desired, state.live)
         if options.dry_run:
+            # What the ship would send; the JSON fields mean "would send" for a dry run.
+            result.sent_files = len(blobs)
+            result.sent_bytes = sum(len(tree.contents[b]) for b in blobs)
             return stop("dry-run")
         if options.approved is not None and options.approved.get(host.name) != digest:
             return stop("refused", "the host changed after the plan was confirmed; nothing "
                         "was shipped", hint="run ship again to see the new plan")
         release = _release_id(desired)
-        sources, blobs = _content_plan(desired, state.live)
         command = {
             "cmd": "ship", "release": release, "keep": host.keep_releases,
             "desired": desired.to_json(), "sources": sources, "blob_count": len(blobs),
@@ -141,7 +144,7 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                 data = tree.contents[blob]
                 call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
                 result.sent_bytes += len(data)
-            result.sent_files = len(blobs)
+                result.sent_files += 1
         except OSError:
             pass  # the host stopped reading; its error event below says why
         for event in events:  # raises the host's error (with its step) if any
