@@ -307,7 +307,7 @@ def lock_holder(root):
     # /proc/locks names the pid holding a flock on the root's inode; best effort only.
     try:
         st = os.stat(root)
-        key = ":%02x:%02x:%d " % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        key = " %02x:%02x:%d " % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
         with open("/proc/locks") as fh:
             for line in fh:
                 if "FLOCK" in line and key in line + " ":
@@ -360,6 +360,13 @@ def write_file(dest, source, owner, mode):
         os.close(fd)
 
 
+def write_all(fd, data):
+    """Write all of ``data``: os.write may write less (a nearly full disk), never assume it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def copy_fd(src, dst):
     size = os.fstat(src).st_size
     copy_range = getattr(os, "copy_file_range", None)
@@ -383,9 +390,7 @@ def copy_fd(src, dst):
         block = os.read(src, CHUNK_BYTES)
         if not block:
             return
-        view = memoryview(block)
-        while view:
-            view = view[os.write(dst, view):]
+        write_all(dst, block)
 
 
 def receive_blobs(blob_dir, count):
@@ -404,7 +409,7 @@ def receive_blobs(blob_dir, count):
                 if not block:
                     raise Stop("receive", "failed", "input ended early (connection lost?)")
                 h.update(block)
-                os.write(fd, block)
+                write_all(fd, block)
                 left -= len(block)
         finally:
             os.close(fd)
@@ -484,7 +489,7 @@ def write_record(root, release, desired, meta):
     data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -612,10 +617,11 @@ def cleanup(stage, blob_dir, root, release, switched):
             force_rmtree(path)
         except OSError:
             pass
-    try:
-        os.unlink(record_path(root, release))
-    except OSError:
-        pass
+    for record in (record_path(root, release), record_path(root, release) + b".tmp"):
+        try:
+            os.unlink(record)
+        except OSError:
+            pass
 
 
 def main():

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import pwd
 import secrets
 import shutil
-import stat
+import socket
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,8 +35,6 @@ from tests.helpers import (
     write_inventory,
 )
 from tests.sshd_boxes import free_port, write_known_hosts
-
-AGENT_YAML = b"agent: w1\nrole: worker\n"
 
 # The blueprint most tests ship: a script (executable through git's index), a plain file,
 # a symlink and a nested directory.
@@ -94,6 +95,12 @@ def current_target(root: Path) -> str:
     return os.readlink(root / "current")
 
 
+def accepted_logins(box) -> list[str]:
+    """The logins sshd itself logged as accepted on ``box`` (its own record, not fleetctl's)."""
+    return [line for line in box.log_path.read_text(errors="replace").splitlines()
+            if line.startswith("Accepted ")]
+
+
 def commit_all(bp: Path, message: str = "change") -> None:
     git(bp, "add", "-A")
     git(bp, "commit", "-q", "-m", message)
@@ -105,7 +112,7 @@ def project(tmp_path: Path, runner: dict | None = None,
                         executable=executable)
 
 
-def ship(inv: Path, bp: Path, *extra: str):  # noqa
+def ship(inv: Path, bp: Path, *extra: str):
     return cli("ship", "--yes", "--format", "json", *extra, inventory=inv, blueprint=bp)
 
 
@@ -185,7 +192,7 @@ def test_hand_patch_is_refused_then_forced(one_box):
     assert clean.code == 0, clean.stdout + clean.stderr
 
 
-# -- 4, 5: host keys --------------------------------------------------------------------------------
+# -- 4, 5: host keys ------------------------------------------------------------------------------
 
 
 def _other_ed25519_pub(directory: Path) -> str:
@@ -213,6 +220,7 @@ def test_changed_host_key_stops_the_host(tmp_path, sshd_pool, ssh_client_key, ss
     (bp / "runner" / "README").write_text("new content\n")
     commit_all(bp)
     before = snapshot(root)
+    logins = len(accepted_logins(box))
     for run in (drift(inv, bp), ship(inv, bp)):
         assert run.code == 2, run.stdout + run.stderr
         result = run.host("web1")
@@ -222,12 +230,13 @@ def test_changed_host_key_stops_the_host(tmp_path, sshd_pool, ssh_client_key, ss
         assert result["changes"] == []
     assert snapshot(root) == before
     assert wrong.read_bytes() == wrong_text
+    assert len(accepted_logins(box)) == logins  # stopped before offering the client key
 
 
 def test_unknown_host_is_refused_and_not_learned(tmp_path, sshd_pool, ssh_client_key):
     """A host missing from known_hosts is refused (exit 2, error naming known_hosts), whether the
     inventory names an empty known_hosts file or none at all (then ~/.ssh/known_hosts, absent);
-    the key is never added anywhere and nothing is created on the host."""
+    the key is never added anywhere, no login happens and nothing is created on the host."""
     box = sshd_pool[1]
     root = tmp_path / "host-root"
     bp = project(tmp_path)
@@ -237,6 +246,7 @@ def test_unknown_host_is_refused_and_not_learned(tmp_path, sshd_pool, ssh_client
     host = ssh_host(box, ssh_client_key, empty, root)
     no_file = dict(host)
     del no_file["known_hosts"]
+    logins = len(accepted_logins(box))
     for spec in (host, no_file):
         inv = write_inventory(tmp_path / "inv.yaml", {"web1": spec})
         for run in (drift(inv, bp), ship(inv, bp)):
@@ -248,9 +258,10 @@ def test_unknown_host_is_refused_and_not_learned(tmp_path, sshd_pool, ssh_client
         assert not (home / ".ssh" / "known_hosts").exists()
         assert not (home / ".ssh").exists()
         assert not root.exists()
+    assert len(accepted_logins(box)) == logins
 
 
-# -- 6: one dead host among live ones -----------------------------------------------------------
+# -- 6: one dead host among live ones -------------------------------------------------------------
 
 
 def test_dead_host_does_not_stop_the_others(tmp_path, sshd_pool, ssh_client_key,
@@ -273,21 +284,20 @@ def test_dead_host_does_not_stop_the_others(tmp_path, sshd_pool, ssh_client_key,
     for name, root in roots.items():
         assert run.host(name)["status"] == "shipped"
         assert live_tree(root) == expected_tree(RUNNER)
-    assert not (tmp_path / "rdead").exists()
     check = drift(inv, bp, "--timeout", "10")
     assert check.code == 2, check.stdout + check.stderr
     assert check.host("dead")["status"] == "error"
     assert [check.host(n)["status"] for n in roots] == ["in-sync", "in-sync"]
 
 
-# -- 7: ~/.ssh/config ------------------------------------------------------------------------------
+# -- 7: ~/.ssh/config -----------------------------------------------------------------------------
 
 
 def test_ssh_config_alias_is_honoured(tmp_path, sshd_pool, ssh_client_key):
     """An inventory host whose address is an alias from ``~/.ssh/config`` (HostName, Port, User,
     IdentityFile there, none in the inventory) is reached and shipped; its host key is checked
-    under the real ``[127.0.0.1]:PORT`` name: the same alias with a wrong key recorded for that
-    name is refused (the alias is no way around the check)."""
+    under the real ``[127.0.0.1]:PORT`` name, as OpenSSH does: a wrong key recorded for that name
+    is refused, and so is a known_hosts that lists the right key under the alias only."""
     box = sshd_pool[2]
     ssh_dir = Path(os.environ["HOME"]) / ".ssh"
     ssh_dir.mkdir(mode=0o700)
@@ -308,18 +318,26 @@ def test_ssh_config_alias_is_honoured(tmp_path, sshd_pool, ssh_client_key):
     assert live_tree(root) == expected_tree(RUNNER)
     assert drift(inv, bp).code == 0
 
-    wrong = tmp_path / "known_hosts.wrong"
-    wrong.write_text(f"[127.0.0.1]:{box.port} {_other_ed25519_pub(tmp_path)}\n"
-                     f"myalias {box.host_key_pub}\n[myalias]:{box.port} {box.host_key_pub}\n")
-    write_inventory(inv, {"web1": {
-        "transport": "ssh", "address": "myalias", "known_hosts": str(wrong), "root": str(root),
-        "agents": {"w1": {"role": "worker"}}}})
-    refused = drift(inv, bp)
-    assert refused.code == 2, refused.stdout + refused.stderr
-    assert refused.host("web1")["status"] == "error"
+    # Safe lookups: the key is checked under the real [127.0.0.1]:PORT, as OpenSSH does. A wrong
+    # key there is refused; the right key recorded only under the alias name is not enough.
+    impostor = _other_ed25519_pub(tmp_path)
+    for name, text in (("wrong", f"[127.0.0.1]:{box.port} {impostor}\n"),
+                       ("alias-only", f"myalias {box.host_key_pub}\n"
+                                      f"[myalias]:{box.port} {box.host_key_pub}\n")):
+        other = tmp_path / f"known_hosts.{name}"
+        other.write_text(text)
+        write_inventory(inv, {"web1": {
+            "transport": "ssh", "address": "myalias", "known_hosts": str(other),
+            "root": str(root), "agents": {"w1": {"role": "worker"}}}})
+        refused = drift(inv, bp)
+        assert refused.code == 2, (name, refused.stdout + refused.stderr)
+        assert refused.host("web1")["status"] == "error"
+        error = refused.host("web1")["error"].lower()
+        assert "known_hosts" in error or "host key" in error, (name, error)
+        assert other.read_text() == text
 
 
-# -- 8, 9: a non-root login ----------------------------------------------------------------------
+# -- 8, 9: a non-root login -----------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -336,8 +354,8 @@ def unix_user():
 
 @pytest.fixture
 def user_box(tmp_path, unix_user, sshd_factory, ssh_client_key):
-    """(inventory, blueprint, root, user) for an extra box the test user logs in to; the root is
-    a directory under /tmp owned by that user (pytest's own tmp dirs are 0700 root)."""
+    """(inventory, blueprint, root, user, box) for an extra box the test user logs in to; the
+    root is a directory under /tmp owned by that user (pytest's own tmp dirs are 0700 root)."""
     box = sshd_factory("userbox", authorized={unix_user.pw_name: ssh_client_key})
     known = write_known_hosts(tmp_path / "known_hosts", [box])
     root = Path(tempfile.mkdtemp(prefix="fleetctl-user-root-"))
@@ -347,7 +365,7 @@ def user_box(tmp_path, unix_user, sshd_factory, ssh_client_key):
         bp = project(tmp_path)
         inv = write_inventory(tmp_path / "inv.yaml", {
             "web1": ssh_host(box, ssh_client_key, known, root, user=unix_user.pw_name)})
-        yield inv, bp, root, unix_user
+        yield inv, bp, root, unix_user, box
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -356,7 +374,7 @@ def test_unreadable_subtree_makes_scan_incomplete(user_box):
     """As a non-root login, a root-owned 0000 directory inside the current release cannot be
     read: drift exits 2 with status ``incomplete`` and lists the path under ``unreadable``, and
     ship refuses with exit 2, writing nothing."""
-    inv, bp, root, user = user_box
+    inv, bp, root, user, _box = user_box
     first = ship(inv, bp)
     assert first.code == 0, first.stdout + first.stderr
     assert live_tree(root) == expected_tree(RUNNER, uid=user.pw_uid, gid=user.pw_gid)
@@ -379,8 +397,9 @@ def test_unreadable_subtree_makes_scan_incomplete(user_box):
 def test_permission_denied_stops_and_keeps_previous_release(user_box):
     """As a non-root login, when ``releases/`` belongs to root (0755) a ship of a changed
     blueprint stops with exit 2, an error naming the refused path / "Permission denied", and the
-    previous release stays in use, unchanged; no incoming blobs are left behind."""
-    inv, bp, root, user = user_box
+    previous release stays in use, unchanged; no incoming blobs are left behind; and it logged in
+    once, as that user only (no retry, no other account: sshd's own log)."""
+    inv, bp, root, user, box = user_box
     assert ship(inv, bp).code == 0
     old_target = current_target(root)
     old_tree = snapshot(os.path.realpath(root / "current"))
@@ -388,8 +407,12 @@ def test_permission_denied_stops_and_keeps_previous_release(user_box):
     os.chmod(root / "releases", 0o755)
     (bp / "runner" / "README").write_text("second version\n")
     commit_all(bp)
+    logins = accepted_logins(box)
     run = ship(inv, bp)
     assert run.code == 2, run.stdout + run.stderr
+    new_logins = accepted_logins(box)[len(logins):]
+    assert len(new_logins) == 1 and new_logins[0].startswith(
+        f"Accepted publickey for {user.pw_name} "), new_logins
     result = run.host("web1")
     assert result["status"] == "error"
     assert "Permission denied" in result["error"], result["error"]
@@ -400,7 +423,7 @@ def test_permission_denied_stops_and_keeps_previous_release(user_box):
     assert [n for n in os.listdir(root / ".fleetctl") if n.startswith("incoming-")] == []
 
 
-# -- 10: the host lock ------------------------------------------------------------------------------
+# -- 10: the host lock ----------------------------------------------------------------------------
 
 
 def test_lock_held_refuses_then_ship_works(one_box):
@@ -428,7 +451,64 @@ def test_lock_held_refuses_then_ship_works(one_box):
     assert (root / "current" / "runner" / "README").read_bytes() == b"after the lock\n"
 
 
-# -- 11: several hosts at once ---------------------------------------------------------------------
+def test_lock_refusal_names_the_holder(one_box):
+    """The lock refusal names the process holding the lock (hostside.lock_holder's purpose):
+    here the pid of this test process, which took the flock."""
+    inv, bp, root = one_box
+    assert ship(inv, bp).code == 0
+    (bp / "runner" / "README").write_text("after the lock\n")
+    commit_all(bp)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        run = ship(inv, bp)
+    finally:
+        os.close(fd)
+    assert run.code == 3, run.stdout + run.stderr
+    assert f"pid {os.getpid()}" in run.host("web1")["error"], run.host("web1")["error"]
+
+
+@pytest.fixture
+def silent_port():
+    """A TCP port on 127.0.0.1 that accepts connections, never says a word, and hangs up each
+    one after 3 seconds (so a client without a timeout is not stuck for ever)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Timer(3.0, conn.close).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+
+
+def test_subsecond_timeout_bounds_a_silent_host(tmp_path, silent_port, sshd_pool,
+                                                ssh_client_key, ssh_known_hosts):
+    """``--timeout 0.5`` gives up on a host that accepts TCP but never sends an SSH banner
+    within a couple of seconds, exit 2 (the silent host hangs up after 3 s anyway)."""
+    spec = ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, tmp_path / "root")
+    spec["port"] = silent_port
+    inv = write_inventory(tmp_path / "inv.yaml", {"mute": spec})
+    bp = project(tmp_path)
+    started = time.monotonic()
+    run = drift(inv, bp, "--timeout", "0.5")
+    elapsed_s = time.monotonic() - started
+    assert run.code == 2, run.stdout + run.stderr
+    assert run.host("mute")["status"] == "error"
+    assert elapsed_s < 2.5, f"took {elapsed_s:.1f} s with --timeout 0.5"
+
+
+# -- 11: several hosts at once --------------------------------------------------------------------
 
 
 def test_parallel_ship_renders_per_host(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts):
@@ -450,39 +530,54 @@ def test_parallel_ship_renders_per_host(tmp_path, sshd_pool, ssh_client_key, ssh
         assert (roots[name] / "current/runner/host.env").read_bytes() == f"HOST={name}\n".encode()
 
 
-# -- 12: disk full ----------------------------------------------------------------------------------
+# -- 12: disk full --------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 256 KiB tmpfs mounted for the test (skipped where mounting is not allowed)."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs(size) -> Path``: a small tmpfs for this test, unmounted at its end (the test
+    is skipped where mounting is not allowed)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
     try:
-        yield mnt
+        yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_disk_full_keeps_previous_release(tmp_path, small_tmpfs, sshd_pool, ssh_client_key,
-                                          ssh_known_hosts):
-    """On a host whose disk fills up during a ship, the ship exits 2 saying where it stopped, the
-    previous release stays in use unchanged, and no staging release or incoming blobs remain."""
-    root = small_tmpfs
+def _ship_too_big(tmp_path, mount_tmpfs, box, key, known_hosts):
+    """Ship a small blueprint to a 256 KiB tmpfs root, then one with a 1 MiB file added.
+
+    Returns (root, release id in use before, snapshot of that release, the second run)."""
+    root = mount_tmpfs("256k")
     bp = project(tmp_path)
-    inv = write_inventory(tmp_path / "inv.yaml", {
-        "web1": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, root)})
+    inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(box, key, known_hosts, root)})
     first = ship(inv, bp)
     assert first.code == 0, first.stdout + first.stderr
     old_target = current_target(root)
     old_tree = snapshot(os.path.realpath(root / "current"))
     (bp / "runner" / "big.bin").write_bytes(os.urandom(1 << 20))
     commit_all(bp)
-    run = ship(inv, bp)
+    return root, old_target, old_tree, ship(inv, bp)
+
+
+def test_disk_full_keeps_previous_release(tmp_path, mount_tmpfs, sshd_pool, ssh_client_key,
+                                          ssh_known_hosts):
+    """On a host whose disk fills up during a ship, the ship exits 2 saying where it stopped, the
+    previous release stays in use unchanged, and no staging release or incoming blobs remain."""
+    root, old_target, old_tree, run = _ship_too_big(tmp_path, mount_tmpfs, sshd_pool[0],
+                                                    ssh_client_key, ssh_known_hosts)
     assert run.code == 2, run.stdout + run.stderr
     result = run.host("web1")
     assert result["status"] == "error"
@@ -494,3 +589,92 @@ def test_disk_full_keeps_previous_release(tmp_path, small_tmpfs, sshd_pool, ssh_
     assert [n for n in os.listdir(root / ".fleetctl") if n.startswith("incoming-")] == []
     records = sorted(os.listdir(root / ".fleetctl" / "releases"))
     assert records == [old_target.split("/")[1] + ".json"]
+
+
+def test_disk_full_while_receiving_is_reported_at_receive(tmp_path, mount_tmpfs, sshd_pool,
+                                                          ssh_client_key, ssh_known_hosts):
+    """A 1 MiB file cannot be received on a 256 KiB disk: the ship must say it stopped at the
+    ``receive`` step (where the disk filled), not at a later step."""
+    _root, _old, _tree, run = _ship_too_big(tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key,
+                                            ssh_known_hosts)
+    assert run.code == 2, run.stdout + run.stderr
+    assert run.host("web1")["step"] == "receive", run.host("web1")
+
+
+# Forty files with long names: the release record (one JSON entry per file) spans several pages.
+MANY = {f"file-with-a-long-name-so-the-release-record-spans-pages-{i:03d}": f"{i}\n"
+        for i in range(40)}
+
+
+def _ship_onto_filling_disk(tmp_path, mount_tmpfs, box, key, known_hosts):
+    """Ship MANY to a tmpfs root, change one file, then ship again with the disk filled so that
+    only N pages are free, N one more on each attempt, until a ship succeeds.
+
+    Every file of the release takes one page and so does the new content, so the attempts walk
+    the point where the disk fills through every step, including the release record.
+    Returns (root, inventory, blueprint, release id before, attempts) where each attempt is
+    ``(free pages, run, names in .fleetctl/releases, names in releases, current target)``.
+    """
+    mnt = mount_tmpfs("512k")
+    root = mnt / "root"
+    bp = project(tmp_path, MANY, executable=())
+    inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(box, key, known_hosts, root)})
+    first = ship(inv, bp)
+    assert first.code == 0, first.stdout + first.stderr
+    old = current_target(root).split("/")[1]
+    (bp / "runner" / next(iter(MANY))).write_text("changed\n")
+    commit_all(bp)
+    pages = len(MANY) + 1 + 1  # release files (agent.yaml too) + the one new content
+    attempts = []
+    for leave in range(pages - 2, pages + 12):
+        filler = mnt / "filler"
+        st = os.statvfs(mnt)
+        with open(filler, "wb") as fh:
+            fh.write(bytes((st.f_bavail - leave) * st.f_frsize))
+        assert os.statvfs(mnt).f_bavail == leave
+        run = ship(inv, bp)
+        filler.unlink()
+        attempts.append((leave, run, sorted(os.listdir(root / ".fleetctl" / "releases")),
+                         sorted(os.listdir(root / "releases")), current_target(root)))
+        if run.code == 0:
+            break
+    return root, inv, bp, old, attempts
+
+
+def test_ship_never_succeeds_with_a_truncated_record(tmp_path, mount_tmpfs, sshd_pool,
+                                                     ssh_client_key, ssh_known_hosts):
+    """On a filling disk each ship either fails leaving the previous release in use, or
+    succeeds with a complete release record, so drift afterwards is clean (exit 0)."""
+    root, inv, bp, old, attempts = _ship_onto_filling_disk(
+        tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key, ssh_known_hosts)
+    *failed, (_leave, last, _records, _releases, target) = attempts
+    for _leave, run, _records, _releases, failed_target in failed:
+        assert run.code == 2, run.stdout + run.stderr
+        assert failed_target == f"releases/{old}"
+    assert last.code == 0, "no attempt succeeded: " + last.stdout
+    new = target.split("/")[1]
+    assert new != old
+    text = (root / ".fleetctl" / "releases" / f"{new}.json").read_bytes()
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    assert record is not None, f"the record of the release in use is not JSON: ...{text[-80:]!r}"
+    assert {e["path"] for e in record["manifest"]} == {
+        os.fsdecode(p) for p in expected_tree(MANY, executable=())}
+    after = drift(inv, bp)
+    assert after.code == 0, after.stdout + after.stderr
+
+
+def test_failed_ship_leaves_no_partial_record(tmp_path, mount_tmpfs, sshd_pool, ssh_client_key,
+                                              ssh_known_hosts):
+    """Whatever step a full disk stops a ship at, it leaves nothing behind: the records and the
+    releases are exactly the previous ones and ``current`` is unchanged."""
+    _root, _inv, _bp, old, attempts = _ship_onto_filling_disk(
+        tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key, ssh_known_hosts)
+    failed = [a for a in attempts if a[1].code != 0]
+    assert len(failed) >= 3
+    for leave, run, records, releases, target in failed:
+        assert run.code == 2, run.stdout + run.stderr
+        assert (leave, target, releases, records) == (
+            leave, f"releases/{old}", [old], [f"{old}.json"])

@@ -82,6 +82,11 @@ class SshTransport(Transport):
         """
         host = self._host
         connect_kwargs: dict = {}
+        if host.timeout_s:
+            # As floats through paramiko itself: fabric's connect_timeout is int()ed, so a
+            # sub-second timeout would become 0, which means none.
+            connect_kwargs.update(timeout=host.timeout_s, banner_timeout=host.timeout_s,
+                                  auth_timeout=host.timeout_s)
         if host.identity_file:
             connect_kwargs["key_filename"] = [str(host.identity_file)]
         conn = Connection(
@@ -89,9 +94,10 @@ class SshTransport(Transport):
             user=host.user,
             port=host.port,
             config=Config(),
-            connect_timeout=int(host.timeout_s) if host.timeout_s else None,
             connect_kwargs=connect_kwargs,
         )
+        if host.timeout_s:
+            conn.connect_timeout = None  # ours is in connect_kwargs; fabric refuses both
         # A fresh client: fabric's own is set to AutoAddPolicy, which trusts any key.
         client = paramiko.SSHClient()
         known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
