@@ -31,7 +31,7 @@ from fleetctl.errors import InputError
 from fleetctl.yamlfile import input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
-_OWNER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(:[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
+_OWNER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*:[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 def _mode(value: str | None) -> str | None:
@@ -46,8 +46,10 @@ def _mode(value: str | None) -> str | None:
 
 
 def _owner(value: str | None) -> str | None:
+    # Both names, as the host's passwd and group files know them: a scan reports owners as
+    # "user:group" names, so a bare user or a numeric id would drift forever.
     if value is not None and not _OWNER.match(value):
-        raise ValueError(f"owner must be \"user\" or \"user:group\", got {value!r}")
+        raise ValueError(f"owner must be \"user:group\" names, got {value!r}")
     return value
 
 

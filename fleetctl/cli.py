@@ -51,9 +51,9 @@ def _find_project() -> Path:
 
 
 InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
-                            help="Inventory file [default: inventory/demo.yaml of the project].")
+                            help="Inventory file \\[default: inventory/demo.yaml of the project].")
 BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
-                            help="Blueprint directory [default: blueprint/ of the project].")
+                            help="Blueprint directory \\[default: blueprint/ of the project].")
 FormatOpt = typer.Option(Format.text, "--format", "-f", help="Output format.")
 OutputOpt = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout.")
 ParallelOpt = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once.")
@@ -145,7 +145,7 @@ def _guard(fn: Callable[[], int]) -> None:
 
 @app.command()
 def drift(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to check [default: all]."),
+    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to check \\[default: all]."),
     inventory: Optional[Path] = InventoryOpt,
     blueprint: Optional[Path] = BlueprintOpt,
     fmt: Format = FormatOpt,
@@ -168,7 +168,7 @@ def drift(
 
 @app.command()
 def ship(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to ship [default: all]."),
+    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to ship \\[default: all]."),
     dry_run: bool = typer.Option(False, "--dry-run", "-n",
                                  help="Print the plan ship would carry out; write nothing."),
     force: bool = typer.Option(False, "--force",
@@ -205,7 +205,8 @@ def ship(
                 for p in todo:
                     p.status, p.error = "declined", "not confirmed; nothing was written"
                 err.print("nothing shipped")
-                return EXIT_REFUSED
+                return _report(plans, "ship", fmt, output, debug) if fmt is not Format.text \
+                    else EXIT_REFUSED
             options = ShipOptions(force=force, approved={p.host: p.plan_digest for p in plans
                                                          if p.plan_digest})
         results = _with_progress(lambda p: run_hosts(

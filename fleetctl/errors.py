@@ -59,3 +59,7 @@ class ShipRefused(FleetctlError):
     """Ship would discard hand-patches, the host is locked, or it changed since the plan."""
 
     exit_code = EXIT_REFUSED
+
+    def __init__(self, message: str, hint: str | None = None, step: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.step = step

@@ -171,7 +171,7 @@ def error_from_event(label: str, event: dict) -> Exception:
     where = f" ({event['path']})" if event.get("path") else ""
     message = f"{label}: {event.get('step')}: {event.get('message')}{where}"
     if kind in ("locked", "changed"):
-        return ShipRefused(message)
+        return ShipRefused(message, step=event.get("step"))
     if kind == "permission":
         return PermissionDenied(message + "; stopped, nothing was retried",
                                 hint="the previous release is still in use", step=event.get("step"))

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import sys
@@ -511,7 +512,10 @@ def switch(root, release):
         os.unlink(tmp)
     os.symlink(b"releases/" + release, tmp)
     os.rename(tmp, os.path.join(root, b"current"))
-    fsync_dir(root)
+    try:
+        fsync_dir(root)
+    except OSError:
+        pass  # the switch has happened; durability of the rename is best effort past this
 
 
 def prune(root, keep, current):
@@ -530,19 +534,63 @@ def prune(root, keep, current):
     return removed
 
 
-def unchanged_since_scan(root, scanned):
-    """Re-hash ``current`` under the lock: a hand-patch made during the ship is never lost."""
+def unchanged_since_scan(root, scanned, ignore):
+    """Re-hash ``current`` under the lock: a hand-patch made during the ship is never lost.
+
+    Paths ``.fleetignore`` hides (runtime files such as ``__pycache__/``) may come and go.
+    """
     again = []
     problems = []
     walk(os.path.join(root, b"current/"), again.append, lambda rel, exc: problems.append(rel))
-    return not problems and manifest_digest(again) == manifest_digest(scanned)
+    kept = lambda entries: [e for e in entries if not is_ignored(ignore, e)]  # noqa: E731
+    return not problems and manifest_digest(kept(again)) == manifest_digest(kept(scanned))
 
 
-def do_ship(root, request, state, scanned):
+def create_and_lock(root):
+    """For a host with no root yet: create it only now that a ship is decided, then lock it and
+    check that no other ship got there first (the plan assumed an empty host)."""
+    try:
+        os.makedirs(root, 0o755)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise Stop("prepare", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
+                   else "failed", "cannot create the root: %s" % os_error_text(exc), dec(root))
+    lock_fd = lock_root(root)
+    if read_state(root)["current_kind"] is not None:
+        raise Stop("lock", "changed", "another ship reached this new host first; run again")
+    return lock_fd
+
+
+def compile_ignore(patterns):
+    return [(re.compile(rx), include) for rx, include in patterns]
+
+
+def is_ignored(ignore, entry):
+    # gitignore semantics as pathspec compiles them: the last matching pattern decides.
+    path = entry["path"] + ("/" if entry["type"] == "dir" else "")
+    verdict = False
+    for rx, include in ignore:
+        if rx.match(path):
+            verdict = include
+    return verdict
+
+
+def do_ship(root, request, state, scanned, lock_fd):
     command = json.loads(read_frame().decode("utf-8", "surrogateescape"))
     if command.get("cmd") != "ship":
         emit({"t": "done", "release": None, "pruned": []})
         return 0
+    if lock_fd is None:
+        lock_fd = create_and_lock(root)
+    try:
+        return ship_locked(root, command, state, scanned)
+    finally:
+        os.close(lock_fd)
+
+
+def ship_locked(root, command, state, scanned):
+    ignore = compile_ignore(command.get("ignore", []))
     release = enc(command["release"])
     releases_dir = os.path.join(root, b"releases")
     stage = os.path.join(releases_dir, b".staging-" + release)
@@ -556,9 +604,14 @@ def do_ship(root, request, state, scanned):
             if not os.path.isdir(path):
                 os.mkdir(path, 0o755)
                 os.chmod(path, 0o755)
+        # Left by an interrupted ship; we hold the lock, so nothing else is using them.
         for name in os.listdir(releases_dir):
-            if name.startswith(b".staging-"):  # left by an interrupted ship; we hold the lock
+            if name.startswith(b".staging-"):
                 force_rmtree(os.path.join(releases_dir, name))
+        state_dir = os.path.join(root, enc(STATE_DIR))
+        for name in os.listdir(state_dir):
+            if name.startswith(b"incoming-"):
+                force_rmtree(os.path.join(state_dir, name))
         if os.path.lexists(os.path.join(releases_dir, release)):
             raise Stop(step, "failed", "release %s already exists" % dec(release))
         step = "receive"
@@ -586,21 +639,26 @@ def do_ship(root, request, state, scanned):
         emit({"t": "step", "name": step})
         flush()
         if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned):
+                not unchanged_since_scan(root, scanned, ignore):
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
         switch(root, release)
     except Stop:
-        cleanup(stage, blob_dir, root, release, switched=False)
+        cleanup(stage, blob_dir, root, release)
         raise
     except OSError as exc:
-        cleanup(stage, blob_dir, root, release, switched=False)
+        cleanup(stage, blob_dir, root, release)
         kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"
         path = exc.filename
         if isinstance(path, bytes):
             path = dec(path)
         raise Stop(step, kind, "%s: %s" % (exc.__class__.__name__, os_error_text(exc)), path)
-    force_rmtree(blob_dir)
+    # The new release is in use from here on: later trouble is a warning, never a rollback.
+    try:
+        force_rmtree(blob_dir)
+    except OSError as exc:
+        emit({"t": "warning", "message": "could not remove %s: %s" % (dec(blob_dir),
+                                                                        os_error_text(exc))})
     emit({"t": "step", "name": "prune"})
     try:
         pruned = prune(root, int(command.get("keep", 5)), release)
@@ -611,7 +669,7 @@ def do_ship(root, request, state, scanned):
     return 0
 
 
-def cleanup(stage, blob_dir, root, release, switched):
+def cleanup(stage, blob_dir, root, release):
     for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
         try:
             force_rmtree(path)
@@ -632,14 +690,7 @@ def main():
           "python": "%d.%d.%d" % sys.version_info[:3]})
     lock_fd = None
     try:
-        if request["op"] == "ship":
-            if not os.path.isdir(root):
-                try:
-                    os.makedirs(root, 0o755)
-                except OSError as exc:
-                    raise Stop("prepare", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
-                               else "failed", "cannot create the root: %s" % os_error_text(exc),
-                               dec(root))
+        if request["op"] == "ship" and os.path.isdir(root):
             lock_fd = lock_root(root)
         state = read_state(root)
         emit(state)
@@ -648,15 +699,14 @@ def main():
                        "aside to adopt this host" % (dec(root), state["current_kind"]))
         scanned = scan(root, state)
         if request["op"] == "ship":
-            return do_ship(root, request, state, scanned)
+            return do_ship(root, request, state, scanned, lock_fd)
         return 0
     except Stop as stop:
         emit(stop.event)
         return 3 if stop.event["kind"] in ("locked", "changed") else 1
     finally:
         flush()
-        if lock_fd is not None:
-            os.close(lock_fd)
 
 
-sys.exit(main())
+if __name__ == "__main__":  # run by hostcall's bootstrap; importable for tests
+    sys.exit(main())

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleetctl.blueprint import Owner
 from fleetctl.errors import InputError
 from fleetctl.yamlfile import input_error, load_model, load_yaml
 
@@ -47,7 +48,7 @@ class HostSettings(BaseModel):
     root: str | None = None
     transport: Literal["ssh", "local"] | None = None
     python: str | None = None
-    owner: str | None = None
+    owner: Owner | None = None
     keep_releases: int | None = Field(default=None, ge=1)
     vars: dict[str, Any] = Field(default_factory=dict)
 
@@ -120,7 +121,7 @@ class Host:
     identity_file: Path | None = None
     known_hosts: Path | None = None
     python: str = "python3"
-    owner: str | None = None
+    owner: Owner | None = None
     keep_releases: int = 5
     vars: dict[str, Any] = field(default_factory=dict)
     agents: tuple[Agent, ...] = ()

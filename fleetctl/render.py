@@ -203,7 +203,9 @@ def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
                          f"{exc.strerror}") from None
     for agent in host.agents:
         role = blueprint.roles[agent.role]
-        agent_context = {**agent.vars, **context,
+        # agent.vars already holds the host's vars with the agent's own on top; the structured
+        # names come last so no var can hide them.
+        agent_context = {**agent.vars, "host": context["host"], "agents": context["agents"],
                          "agent": {"name": agent.name, "role": agent.role, "vars": agent.vars},
                          "role": role.model_dump()}
         data = render_template(config_source, f"templates/{AGENT_CONFIG_TEMPLATE}", agent_context)

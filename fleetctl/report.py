@@ -109,8 +109,12 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
         record.update({"previous": result.previous, "step": result.step,
                        "pruned": result.pruned, "sent_files": result.sent_files,
                        "sent_bytes": result.sent_bytes})
-    record["unreadable"] = [{"path": escape_name(u.path)[0], "error": u.error}
-                            for u in result.unreadable]
+    record["warnings"] = list(result.warnings)
+    record["unreadable"] = []
+    for u in result.unreadable:
+        path, escaped = escape_name(u.path)
+        record["unreadable"].append({"path": path, **({"path_escaped": True} if escaped else {}),
+                                     "error": u.error})
     record["changes"] = [change_json(c) for c in result.changes]
     return record
 
@@ -189,6 +193,8 @@ def print_text(console: Console, results: list[HostResult], title: str) -> None:
     for result in results:
         line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
         console.print(line, soft_wrap=True)
+        for warning in result.warnings:
+            console.print(Text(f"  warning: {warning}", style="yellow"), soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
             console.print(Text(f"  hint: {result.hint}", style="dim"), soft_wrap=True)
 

@@ -43,6 +43,7 @@ class HostResult:
         sent_bytes: content bytes sent to the host (ship), not counting framing.
         sent_files: distinct contents sent; the rest was copied on the host.
         plan_digest: identifies the plan, so a confirmed plan can be checked before shipping.
+        warnings: trouble after the switch that did not undo it (a failed prune).
         debug: an internal error's traceback, shown only with ``--debug``.
     """
 
@@ -59,6 +60,7 @@ class HostResult:
     sent_bytes: int = 0
     sent_files: int = 0
     plan_digest: str | None = None
+    warnings: list[str] = field(default_factory=list)
     debug: str | None = None
 
     @property

@@ -33,7 +33,10 @@ from fleetctl.scan import changes_for, desired_for, host_session, shipped_base
 
 def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
     """Identify a plan: same changes, same desired tree, same starting release."""
-    body = json.dumps([[c.path, c.change, c.origin] for c in changes] +
+    # Live and desired attributes are part of it: a hand-patch edited again after the plan was
+    # confirmed is a different plan, even with the same paths, kinds and origins.
+    body = json.dumps([[c.path, c.change, c.origin, c.live and c.live.to_json(),
+                        c.desired and c.desired.to_json()] for c in changes] +
                       [desired.digest(), current], ensure_ascii=True)
     return "sha256:" + hashlib.sha256(body.encode("ascii")).hexdigest()
 
@@ -133,32 +136,62 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
         command = {
             "cmd": "ship", "release": release, "keep": host.keep_releases,
             "desired": desired.to_json(), "sources": sources, "blob_count": len(blobs),
+            "ignore": ignore_regexes(blueprint),
             "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "fleetctl": __version__, "shipped_by": _who(),
                      "previous": state.current, "desired_digest": desired.digest()},
         }
         progress.host_step(host.name, "send")
         try:
-            call.send(frame(encode_json(command)))
-            for blob in blobs:
-                data = tree.contents[blob]
-                call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
-                result.sent_bytes += len(data)
-                result.sent_files += 1
-        except OSError:
-            pass  # the host stopped reading; its error event below says why
-        for event in events:  # raises the host's error (with its step) if any
-            if event.get("t") == "step":
-                result.step = event["name"]
-                progress.host_step(host.name, event["name"])
-            elif event.get("t") == "done":
-                result.status, result.release = "shipped", event["release"]
-                result.pruned = event["pruned"]
-                result.step = None
-                call.finish()
-                return result
-        raise call.broken(f"it ended during step {result.step or 'send'}; the previous release "
-                          "stays in use")
+            return _execute(call, events, command, blobs, tree, result, progress)
+        except HostError as exc:
+            # Keep what is known (the plan, the release still in use) beside the error.
+            result.status, result.error, result.hint = "error", exc.message, exc.hint
+            result.step = exc.step or result.step
+            return result
+        except ShipRefused as exc:
+            result.status, result.error, result.hint = "refused", exc.message, exc.hint
+            result.step = exc.step or result.step
+            return result
+
+
+def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
+             result: HostResult, progress: Progress) -> HostResult:
+    """Send the command and the missing content, then follow the host's steps to the end."""
+    host = result.host
+    try:
+        call.send(frame(encode_json(command)))
+        for blob in blobs:
+            data = tree.contents[blob]
+            call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
+            result.sent_bytes += len(data)
+            result.sent_files += 1
+    except OSError:
+        pass  # the host stopped reading; its error event below says why
+    for event in events:  # raises the host's error (with its step) if any
+        if event.get("t") == "step":
+            result.step = event["name"]
+            progress.host_step(host, event["name"])
+        elif event.get("t") == "warning":
+            result.warnings.append(event["message"])
+        elif event.get("t") == "done":
+            result.status, result.release = "shipped", event["release"]
+            result.pruned = event["pruned"]
+            result.step = None
+            call.finish()
+            return result
+    raise call.broken(f"it ended during step {result.step or 'send'}; the previous release "
+                      "stays in use")
+
+
+def ignore_regexes(blueprint: Blueprint) -> list[tuple[str, bool]]:
+    """The ``.fleetignore`` patterns as (regex, include) pairs the host-side program can apply.
+
+    pathspec compiles gitignore patterns to Python regexes; sending those keeps one
+    implementation of the gitignore rules.
+    """
+    return [(p.regex.pattern, bool(p.include)) for p in blueprint.ignore.patterns
+            if getattr(p, "regex", None) is not None and p.include is not None]
 
 
 def _content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], list[str]]:
@@ -201,7 +234,8 @@ def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: i
         try:
             result = work(host)
         except ShipRefused as exc:
-            result = HostResult(host.name, "refused", error=exc.message, hint=exc.hint)
+            result = HostResult(host.name, "refused", error=exc.message, hint=exc.hint,
+                                step=exc.step)
         except FleetctlError as exc:
             step = exc.step if isinstance(exc, HostError) else None
             result = HostResult(host.name, "error", error=exc.message, hint=exc.hint, step=step)

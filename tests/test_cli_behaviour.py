@@ -121,3 +121,23 @@ def test_escaped_names_round_trip(raw):
         assert os.fsencode(unescape_name(text)) == raw
     else:
         assert text == raw.decode("utf-8")
+
+
+def test_help_shows_the_defaults():
+    """Regression: rich took "[default: ...]" in help strings for markup and dropped it."""
+    run = cli("drift", "--help")
+    assert "[default: all]" in run.stdout
+    assert "inventory/demo.yaml" in run.stdout
+
+
+def test_declining_with_json_still_writes_the_document(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box")})
+    exe = str(Path(sys.executable).parent / "fleetctl")
+    out_file = tmp_path / "out.json"
+    status, _ = _run_in_pty([exe, "ship", "--format", "json", "--output", str(out_file),
+                             "--inventory", str(inv), "--blueprint", str(bp)], b"n", tmp_path)
+    import json
+    assert status == 3
+    doc = json.loads(out_file.read_text())
+    assert doc["hosts"][0]["status"] == "declined" and doc["exit_code"] == 3

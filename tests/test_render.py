@@ -132,3 +132,28 @@ def test_blueprint_outside_git_uses_declared_modes_only(tmp_path):
     os.chmod(bp / "runner" / "tool", 0o755)
     tree = _render(tmp_path, bp)
     assert tree.manifest.get("runner/tool").mode == "0644"
+
+
+def test_agent_vars_win_over_host_vars_in_the_agent_config(tmp_path):
+    """Regression: host vars used to override the agent's own var of the same name."""
+    bp = make_project(tmp_path, {}, agent_template="channel={{ channel }}\n")
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(
+        tmp_path / "box", agents={"w1": {"role": "worker", "vars": {"channel": "#agent"}}},
+        vars={"channel": "#host"})})
+    blueprint = load_blueprint(bp)
+    tree = render_host(blueprint, load_inventory(inv, set(blueprint.roles)).hosts[0])
+    assert tree.manifest.get("agents/w1/agent.yaml").digest == sha256_digest(b"channel=#agent\n")
+
+
+@pytest.mark.parametrize("owner", ["root", "0:0", "root:"])
+def test_owner_must_name_user_and_group(tmp_path, owner):
+    """Regression: a bare user or numeric id never matches a scan's "user:group" and drifted
+    forever; it is now refused at load."""
+    bp = make_project(tmp_path, {"runner": {"a": "x"}},
+                      attributes={"files": [{"match": "runner/a", "owner": owner}]})
+    with pytest.raises(InputError) as exc:
+        load_blueprint(bp)
+    assert "files[0].owner" in exc.value.message and "user:group" in exc.value.message
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box", owner=owner)})
+    run = cli("drift", inventory=inv, blueprint=make_project(tmp_path / "p2", {}))
+    assert run.code == 2 and "hosts.h.owner" in run.stderr

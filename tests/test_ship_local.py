@@ -314,3 +314,30 @@ def test_output_file(fleet, tmp_path):
     assert run.code == 0 and run.stdout == ""
     import json
     assert json.loads(out.read_text())["hosts"][0]["status"] == "in-sync"
+
+
+def test_leftovers_of_an_interrupted_ship_are_removed(fleet):
+    """A killed ship can leave a staging release and received content; the next ship (which
+    holds the lock) removes both."""
+    (fleet.root / "releases" / ".staging-x" / "runner").mkdir(parents=True)
+    (fleet.root / ".fleetctl" / "incoming-x").mkdir()
+    (fleet.root / ".fleetctl" / "incoming-x" / "blob").write_bytes(b"partial")
+    fleet.commit({"runner": {"conf": "a=4\n"}})
+    assert fleet.ship().code == 0
+    assert not (fleet.root / "releases" / ".staging-x").exists()
+    assert not (fleet.root / ".fleetctl" / "incoming-x").exists()
+
+
+def test_a_failed_ship_keeps_the_plan_and_the_release_in_use(fleet):
+    """A failure on the host reports its step and keeps the plan and previous release."""
+    in_use = os.readlink(fleet.current)
+    (fleet.bp / "attributes.yaml").write_text(
+        "files:\n  - match: runner/conf\n    owner: \"nosuchuser:nosuchgroup\"\n")
+    fleet.commit({"runner": {"conf": "a=5\n"}})
+    run = fleet.ship()
+    host = run.host("h")
+    assert run.code == 2 and host["status"] == "error"
+    assert host["step"] == "assemble" and "nosuchuser" in host["error"]
+    assert host["previous"] == os.path.basename(in_use) and host["changes"]
+    assert os.readlink(fleet.current) == in_use
+    assert os.listdir(fleet.root / "releases") == [os.path.basename(in_use)]

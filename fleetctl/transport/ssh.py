@@ -60,6 +60,15 @@ class SshChannel(Channel):
         return self._stderr.text()
 
 
+def _strict_client(known_hosts: Path) -> paramiko.SSHClient:
+    """An SSH client that knows only ``known_hosts`` and rejects any other key."""
+    client = paramiko.SSHClient()
+    if known_hosts.is_file():
+        client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    return client
+
+
 class SshTransport(Transport):
     """Reaches one inventory host over SSH.
 
@@ -98,14 +107,14 @@ class SshTransport(Transport):
         )
         if host.timeout_s:
             conn.connect_timeout = None  # ours is in connect_kwargs; fabric refuses both
-        # A fresh client: fabric's own is set to AutoAddPolicy, which trusts any key.
-        client = paramiko.SSHClient()
         known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
             Path.home() / ".ssh" / "known_hosts")
-        if known_hosts.is_file():
-            client.load_host_keys(str(known_hosts))
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        conn.client = client
+        # Fresh clients, for the host and every ProxyJump hop: fabric's own are set to
+        # AutoAddPolicy, which trusts any key.
+        hop = conn
+        while isinstance(hop, Connection):
+            hop.client = _strict_client(known_hosts)
+            hop = hop.gateway
         where = f"{conn.user}@{conn.host}:{conn.port}"
         try:
             conn.open()
