@@ -690,6 +690,8 @@ def main():
           "python": "%d.%d.%d" % sys.version_info[:3]})
     lock_fd = None
     try:
+        if os.path.lexists(root) and not os.path.isdir(root):
+            raise Stop("scan", "layout", "the root %s exists and is not a directory" % dec(root))
         if request["op"] == "ship" and os.path.isdir(root):
             lock_fd = lock_root(root)
         state = read_state(root)
@@ -704,6 +706,13 @@ def main():
     except Stop as stop:
         emit(stop.event)
         return 3 if stop.event["kind"] in ("locked", "changed") else 1
+    except OSError as exc:  # anything the steps did not name: still one clear event
+        path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
+            exc.filename, bytes) else exc.filename
+        emit({"t": "error", "step": request["op"], "message": "%s: %s" % (
+            exc.__class__.__name__, os_error_text(exc)), "path": path,
+            "kind": "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"})
+        return 1
     finally:
         flush()
 

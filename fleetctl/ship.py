@@ -146,7 +146,8 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
             return _execute(call, events, command, blobs, tree, result, progress)
         except HostError as exc:
             # Keep what is known (the plan, the release still in use) beside the error.
-            result.status, result.error, result.hint = "error", exc.message, exc.hint
+            result.status, result.error = "error", exc.message
+            result.hint = exc.hint if result.previous else None
             result.step = exc.step or result.step
             return result
         except ShipRefused as exc:

@@ -341,3 +341,15 @@ def test_a_failed_ship_keeps_the_plan_and_the_release_in_use(fleet):
     assert host["previous"] == os.path.basename(in_use) and host["changes"]
     assert os.readlink(fleet.current) == in_use
     assert os.listdir(fleet.root / "releases") == [os.path.basename(in_use)]
+
+
+def test_a_root_that_is_a_file_is_an_error_not_an_empty_host(tmp_path):
+    """Regression: a root that exists as a file used to scan as an empty host (drift: all
+    pending) and a ship then failed with a raw NotADirectoryError."""
+    f = Fleet(tmp_path, {"runner": {"a": "a\n"}})
+    f.root.write_text("not a directory\n")
+    for run in (f.drift(), f.ship()):
+        host = run.host("h")
+        assert run.code == 2 and host["status"] == "error"
+        assert "exists and is not a directory" in host["error"]
+    assert f.root.read_text() == "not a directory\n"
