@@ -86,11 +86,19 @@ class FileRule(BaseModel):
     owner: Owner | None = None
 
 
+def _tree_path(value: str) -> str:
+    parts = value.split("/")
+    if not value or value.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"must be a relative path inside the tree, without '.', '..', empty or "
+                         f"leading '/' parts, got {value!r}")
+    return value
+
+
 class DirRule(BaseModel):
     """A directory created even when empty (git cannot record one), with its mode."""
 
     model_config = ConfigDict(extra="forbid")
-    path: str
+    path: Annotated[str, AfterValidator(_tree_path)]
     mode: Mode = "0755"
     owner: Owner | None = None
 

@@ -20,7 +20,8 @@ from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeEl
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint, load_blueprint
 from fleetctl.errors import EXIT_ERROR, EXIT_REFUSED, FleetctlError, InputError, worst_exit
-from fleetctl.inventory import Host, Inventory, load_inventory
+from fleetctl.inventory import Inventory, load_inventory
+from fleetctl.names import safe_text
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
@@ -136,9 +137,11 @@ def _guard(fn: Callable[[], int]) -> None:
     try:
         code = fn()
     except FleetctlError as exc:
-        err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False,
+                  soft_wrap=True)
         if exc.hint:
-            err.print(f"hint: {exc.hint}", markup=False, highlight=False, soft_wrap=True)
+            err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     raise typer.Exit(code)
 

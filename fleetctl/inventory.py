@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetctl.blueprint import Owner
 from fleetctl.errors import InputError
-from fleetctl.yamlfile import input_error, load_model, load_yaml
+from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -41,15 +41,15 @@ class HostSettings(BaseModel):
     """Keys allowed both under ``defaults:`` and on a host."""
 
     model_config = ConfigDict(extra="forbid")
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535, strict=True)
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
     root: str | None = None
     transport: Literal["ssh", "local"] | None = None
-    python: str | None = None
+    python: str | None = Field(default=None, pattern=r"^\S+$")
     owner: Owner | None = None
-    keep_releases: int | None = Field(default=None, ge=1)
+    keep_releases: int | None = Field(default=None, ge=1, strict=True)
     vars: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -147,7 +147,7 @@ class Inventory:
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise InputError(
-                f"{self.path}: no host named {', '.join(unknown)}",
+                f"{display_path(self.path)}: no host named {', '.join(unknown)}",
                 hint=f"hosts in this inventory: {', '.join(by_name) or '(none)'}",
             )
         return [by_name[n] for n in dict.fromkeys(names)]

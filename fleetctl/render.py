@@ -187,7 +187,7 @@ def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
         b.add_file(rel, data, default_mode, where)
 
     for dir_rule in blueprint.attributes.dirs:
-        path = dir_rule.path.strip("/")
+        path = dir_rule.path
         existing = b.entries.get(path)
         if existing is not None and existing.type != DIR:
             raise InputError(f"{blueprint.root.name}/attributes.yaml: dirs: {path!r} is a "

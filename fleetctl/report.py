@@ -1,8 +1,8 @@
 """Rendering host results as JSON, Markdown or a rich table, all from the same records.
 
 The JSON document (``schema_version`` 1) is described in ``docs/json.md``. Paths are relative to
-the managed tree; a name that is not valid UTF-8 is written with each undecodable byte as
-``\\xNN`` and every backslash doubled, and carries ``"path_escaped": true`` (reversible).
+the managed tree; a name that is not valid UTF-8 is escaped (:mod:`fleetctl.names`) and carries
+``"path_escaped": true``.
 """
 
 from __future__ import annotations
@@ -17,51 +17,10 @@ from rich.text import Text
 
 from fleetctl.drift import Change
 from fleetctl.manifest import Entry
+from fleetctl.names import escape_name, printable, safe_text
 from fleetctl.results import HostResult
 
 SCHEMA_VERSION = 1
-
-
-def escape_name(name: str) -> tuple[str, bool]:
-    """Return ``(text, escaped)``: ``name`` itself when it is valid UTF-8, else an escaped form.
-
-    The escaped form doubles each backslash and writes each undecodable byte (a lone
-    surrogate from ``surrogateescape``) as ``\\xNN``, so it can be turned back into the bytes.
-    """
-    if not any(0xDC80 <= ord(ch) <= 0xDCFF for ch in name):
-        return name, False
-    out = []
-    for ch in name:
-        if 0xDC80 <= ord(ch) <= 0xDCFF:
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        elif ch == "\\":
-            out.append("\\\\")
-        else:
-            out.append(ch)
-    return "".join(out), True
-
-
-def unescape_name(text: str) -> str:
-    """Invert :func:`escape_name` for an escaped name (surrogateescape ``str`` back)."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("\\\\", i):
-            out.append("\\")
-            i += 2
-        elif text.startswith("\\x", i):
-            out.append(chr(0xDC00 + int(text[i + 2:i + 4], 16)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def printable(name: str) -> str:
-    """A one-line form of a name for people: control characters and bad bytes escaped."""
-    text, _ = escape_name(name)
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
 
 
 def entry_json(entry: Entry | None) -> dict[str, Any] | None:
@@ -101,15 +60,15 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
         "host": result.host,
         "status": result.status,
         "exit_code": result.exit_code,
-        "error": result.error,
-        "hint": result.hint,
+        "error": safe_text(result.error) if result.error else None,
+        "hint": safe_text(result.hint) if result.hint else None,
         "release": result.release,
     }
     if command == "ship":
         record.update({"previous": result.previous, "step": result.step,
                        "pruned": result.pruned, "sent_files": result.sent_files,
                        "sent_bytes": result.sent_bytes})
-    record["warnings"] = list(result.warnings)
+    record["warnings"] = [safe_text(w) for w in result.warnings]
     record["unreadable"] = []
     for u in result.unreadable:
         path, escaped = escape_name(u.path)
@@ -172,7 +131,7 @@ def summary_line(result: HostResult) -> str:
     error = result.error or ""
     if error.startswith(result.host + ": "):
         error = error[len(result.host) + 2:]
-    return f"{result.host}: {result.status}{where}: {error}"
+    return f"{result.host}: {result.status}{where}: {printable(error)}"
 
 
 def print_text(console: Console, results: list[HostResult], title: str) -> None:
@@ -194,9 +153,9 @@ def print_text(console: Console, results: list[HostResult], title: str) -> None:
         line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
         console.print(line, soft_wrap=True)
         for warning in result.warnings:
-            console.print(Text(f"  warning: {warning}", style="yellow"), soft_wrap=True)
+            console.print(Text(f"  warning: {printable(warning)}", style="yellow"), soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
-            console.print(Text(f"  hint: {result.hint}", style="dim"), soft_wrap=True)
+            console.print(Text(f"  hint: {printable(result.hint)}", style="dim"), soft_wrap=True)
 
 
 def _md(text: str) -> str:
@@ -207,7 +166,7 @@ def to_markdown(results: list[HostResult], title: str) -> str:
     """A Markdown report: a summary table, then one table of changes per host."""
     lines = [f"# {title}", "", "| host | status | changes | note |", "| --- | --- | --- | --- |"]
     for r in results:
-        note = r.error or (f"release {r.release}" if r.release else "")
+        note = printable(r.error) if r.error else (f"release {r.release}" if r.release else "")
         lines.append(f"| {_md(r.host)} | {r.status} | {len(r.changes)} | {_md(note)} |")
     for r in results:
         if not r.changes and not r.unreadable:

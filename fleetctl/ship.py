@@ -26,6 +26,7 @@ from fleetctl.errors import FleetctlError, HostError, ShipRefused
 from fleetctl.hostcall import encode_json, frame
 from fleetctl.inventory import Host
 from fleetctl.manifest import FILE, Manifest
+from fleetctl.names import printable
 from fleetctl.render import DesiredTree, render_host
 from fleetctl.results import HostResult, NoProgress, Progress
 from fleetctl.scan import changes_for, desired_for, host_session, shipped_base
@@ -115,7 +116,7 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                         "refusing to ship over a tree that was not fully seen")
         refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
         if refused and not options.force:
-            paths = sorted({c.path for c in refused})
+            paths = sorted({printable(c.path) for c in refused})
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
             return stop("refused", f"{len(paths)} path(s) would lose changes made on the host "
                         f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",

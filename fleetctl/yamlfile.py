@@ -18,11 +18,31 @@ from fleetctl.errors import InputError
 M = TypeVar("M", bound=BaseModel)
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
+    """``path`` relative to the current directory when it is below it, else as given."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so a second host of the same name would hide the first)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
@@ -31,7 +51,7 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     Raises:
         InputError: the file is missing, unreadable, not UTF-8, or not valid YAML (with line).
     """
-    where = _display(path)
+    where = display_path(path)
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -42,7 +62,7 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         raise InputError(f"{where}: cannot read: {exc.strerror}") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
@@ -76,6 +96,10 @@ def key_path_text(key_path: Sequence[Any]) -> str:
     """Render a key path as ``hosts.alpha.agents[0].role``."""
     out = ""
     for key in key_path:
+        if key == "[key]":  # pydantic's marker for "the key itself", not part of the path
+            continue
+        if isinstance(key, bool):
+            key = str(key).lower()
         out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
     return out or "(top level)"
 
@@ -84,7 +108,7 @@ def input_error(path: Path, node: yaml.Node | None, key_path: Sequence[Any],
                 problem: str, hint: str | None = None) -> InputError:
     """Build an :class:`InputError` naming ``path``, the line of ``key_path`` and the key."""
     line = line_of(node, key_path)
-    where = _display(path) + (f":{line}" if line else "")
+    where = display_path(path) + (f":{line}" if line else "")
     return InputError(f"{where}: {key_path_text(key_path)}: {problem}", hint=hint)
 
 
@@ -93,6 +117,10 @@ def _problem(err: dict) -> str:
         return "unknown key"
     if err["type"] == "missing":
         return "required key is missing"
+    if err["type"] in ("model_type", "dict_type"):
+        return "expected a mapping of keys to values"
+    if err["type"] == "string_type" and err["loc"] and err["loc"][-1] == "[key]":
+        return "this name is read as a number or yes/no by YAML: quote it"
     # pydantic's own message; the input value is deliberately left out (it may be a secret).
     return err["msg"][0].lower() + err["msg"][1:]
 

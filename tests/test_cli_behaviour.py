@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.report import escape_name, unescape_name
+from fleetctl.names import escape_name, unescape_name
 from tests.helpers import cli, local_host, make_project, snapshot, write_inventory
 
 REPO = Path(__file__).resolve().parent.parent
