@@ -100,35 +100,51 @@ def _with_progress(fn: Callable[[Progress], list[HostResult]]) -> list[HostResul
         return fn(BarProgress(bar))
 
 
-def _emit(text: str, output: Optional[Path]) -> None:
-    if output:
-        try:
-            output.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+class ReportTarget:
+    """Where the report goes: stdout, or a file opened before any host is contacted, so an
+    unwritable ``--output`` stops the command before it changes anything."""
+
+    def __init__(self, output: Optional[Path]) -> None:
+        self.path = output
+        self._fh = None
+        if output is not None:
+            try:
+                self._fh = open(output, "w", encoding="utf-8")  # noqa: SIM115 - kept open
+            except OSError as exc:
+                raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
+
+    def write(self, text: str) -> None:
+        """Write the whole report and close the file."""
+        fh = self._fh or sys.stdout
+        fh.write(text)
+        fh.flush()
+        if self._fh is not None:
+            self._fh.close()
+
+    def console(self) -> Console:
+        """A console for the text format: the file, or stdout (wide when not a terminal)."""
+        if self._fh is not None:
+            return Console(file=self._fh, width=160, no_color=True)
+        out = Console()
+        return out if out.is_terminal else Console(width=160)
 
 
-def _report(results: list[HostResult], command: str, fmt: Format, output: Optional[Path],
+def _report(results: list[HostResult], command: str, fmt: Format, target: ReportTarget,
             debug: bool) -> int:
     code = worst_exit([r.exit_code for r in results])
     if debug:
         for r in results:
             if r.debug:
                 err.print(r.debug, markup=False, highlight=False)
-    title = command
     if fmt is Format.json:
-        _emit(to_json(results, command, code), output)
+        target.write(to_json(results, command, code))
     elif fmt is Format.markdown:
-        _emit(to_markdown(results, f"fleetctl {command}"), output)
-    elif output:
-        with output.open("w", encoding="utf-8") as fh:
-            print_text(Console(file=fh, width=160, no_color=True), results, title)
+        target.write(to_markdown(results, f"fleetctl {command}"))
     else:
-        out = Console()
-        print_text(out if out.is_terminal else Console(width=160), results, title)
+        print_text(target.console(), results, command)
+        target.write("")
+    if not results:
+        err.print("no hosts selected: the inventory has none")
     return code
 
 
@@ -162,9 +178,10 @@ def drift(
     def body() -> int:
         inv, bp = _load(inventory, blueprint, timeout)
         selected = inv.select(hosts)
+        target = ReportTarget(output)
         results = _with_progress(lambda p: run_hosts(
             selected, lambda h: drift_host(bp, h, p), parallel, p))
-        return _report(results, "drift", fmt, output, debug)
+        return _report(results, "drift", fmt, target, debug)
 
     _guard(body)
 
@@ -193,6 +210,7 @@ def ship(
     def body() -> int:
         inv, bp = _load(inventory, blueprint, timeout)
         selected = inv.select(hosts)
+        target = ReportTarget(output)
         options = ShipOptions(force=force, dry_run=dry_run)
         if not dry_run and not yes and sys.stdin.isatty() and err.is_terminal:
             plans = _with_progress(lambda p: run_hosts(
@@ -201,20 +219,20 @@ def ship(
             print_text(err, plans, "ship plan")
             todo = [p for p in plans if p.status == "dry-run"]
             if not todo:
-                return _report(plans, "ship", fmt, output, debug) if fmt is not Format.text \
+                return _report(plans, "ship", fmt, target, debug) if fmt is not Format.text \
                     else worst_exit([p.exit_code for p in plans])
             count = sum(len(p.changes) for p in todo)
             if not typer.confirm(f"Ship {count} change(s) to {len(todo)} host(s)?", err=True):
                 for p in todo:
                     p.status, p.error = "declined", "not confirmed; nothing was written"
                 err.print("nothing shipped")
-                return _report(plans, "ship", fmt, output, debug) if fmt is not Format.text \
+                return _report(plans, "ship", fmt, target, debug) if fmt is not Format.text \
                     else EXIT_REFUSED
             options = ShipOptions(force=force, approved={p.host: p.plan_digest for p in plans
                                                          if p.plan_digest})
         results = _with_progress(lambda p: run_hosts(
             selected, lambda h: ship_host(bp, h, options, p), parallel, p))
-        return _report(results, "ship", fmt, output, debug)
+        return _report(results, "ship", fmt, target, debug)
 
     _guard(body)
 

@@ -25,6 +25,24 @@ BOOTSTRAP = (
 )
 
 
+_ACTIVE: set["HostCall"] = set()
+_ACTIVE_LOCK = threading.Lock()
+INTERRUPTED = threading.Event()
+
+
+def interrupt_all() -> None:
+    """End every running host-side program at once (Ctrl-C) and refuse to start new ones.
+
+    A ship killed before its switch leaves the previous release in use; the host's lock goes
+    with the process.
+    """
+    INTERRUPTED.set()
+    with _ACTIVE_LOCK:
+        calls = list(_ACTIVE)
+    for call in calls:
+        call.kill()
+
+
 def _hostside_source() -> bytes:
     return resources.files("fleetctl").joinpath("hostside.py").read_bytes()
 
@@ -60,6 +78,7 @@ class LiveState:
         shipped: the shipped manifest (record of the current release) or ``None``.
         live: the live manifest of ``<root>/current``.
         unreadable: nodes the scan could not read; any makes the scan incomplete.
+        warnings: what the host noticed but could work around (an unusable release record).
     """
 
     user: str = ""
@@ -71,6 +90,7 @@ class LiveState:
     shipped: Manifest | None = None
     live: Manifest = field(default_factory=Manifest)
     unreadable: list[Unreadable] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def owner(self) -> str:
@@ -92,7 +112,11 @@ class HostCall:
                  timeout_s: float | None) -> None:
         self.label = self._label = transport.label
         self._timed_out = False
+        if INTERRUPTED.is_set():
+            raise HostError(f"{self.label}: interrupted; not started")
         self._chan: Channel = transport.start([python, "-c", BOOTSTRAP])
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
         self._timer = threading.Timer(timeout_s, self._expire) if timeout_s else None
         if self._timer:
             self._timer.daemon = True
@@ -142,6 +166,10 @@ class HostCall:
 
     def broken(self, why: str) -> HostError:
         """Build the error for a call that ended abnormally, with the tail of its stderr."""
+        if INTERRUPTED.is_set():
+            return HostError(f"{self._label}: interrupted; if a ship was under way, the previous "
+                             "release stays in use unless it had already switched (check with "
+                             "drift)")
         if self._timed_out:
             return HostError(f"{self._label}: timed out; the operation was ended")
         self._chan.kill()
@@ -154,15 +182,19 @@ class HostCall:
         try:
             status = self._chan.wait()
         finally:
-            if self._timer:
-                self._timer.cancel()
+            self._forget()
         return status
+
+    def _forget(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+        with _ACTIVE_LOCK:
+            _ACTIVE.discard(self)
 
     def kill(self) -> None:
         """End the program at once (used when the caller gives up part-way)."""
         self._chan.kill()
-        if self._timer:
-            self._timer.cancel()
+        self._forget()
 
 
 def error_from_event(label: str, event: dict) -> Exception:
@@ -193,6 +225,8 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             shipped.append(Entry.from_json(event))
         elif kind == "unreadable":
             state.unreadable.append(Unreadable(event["path"], event["error"]))
+        elif kind == "warning":
+            state.warnings.append(event["message"])
         elif kind == "hello":
             state.user, state.group = event["user"], event["group"]
         elif kind == "state":

@@ -237,7 +237,9 @@ def read_state(root):
         target = os.readlink(current)
         state["current_kind"] = "symlink"
         head, name = os.path.split(target.rstrip(b"/"))
-        if head == b"releases" and os.path.isdir(os.path.join(root, target)):
+        if not os.path.isdir(os.path.join(root, target)):
+            state["current_kind"] = "dangling"  # nothing in use: a forced ship may replace it
+        elif head == b"releases":
             state["current"] = dec(name)
         else:
             state["current_kind"] = "foreign-symlink"
@@ -249,8 +251,14 @@ def read_state(root):
         )
     except OSError:
         pass
-    if state["current"] and os.path.exists(record_path(root, enc(state["current"]))):
-        state["shipped"] = True
+    if state["current"] and os.path.lexists(record_path(root, enc(state["current"]))):
+        try:
+            state["_manifest"] = load_record(root, enc(state["current"]))
+            state["shipped"] = True
+        except (OSError, ValueError) as exc:
+            emit({"t": "warning", "message": "the record %s cannot be used (%s): treated as "
+                  "missing, so changes have origin unknown; ship --force writes a new one"
+                  % (dec(record_path(root, enc(state["current"]))), exc)})
     return state
 
 
@@ -258,10 +266,20 @@ def record_path(root, release):
     return os.path.join(root, enc(STATE_DIR), b"releases", release + b".json")
 
 
-def emit_shipped(root, release):
+def load_record(root, release):
+    """Return the manifest list of a release's record; ValueError if it is not one."""
     with open(record_path(root, release), "rb") as fh:
         record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
-    for entry in record["manifest"]:
+    manifest = record.get("manifest") if isinstance(record, dict) else None
+    if not isinstance(manifest, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("path"), str) and e.get("type") in
+            ("file", "dir", "symlink", "other") for e in manifest):
+        raise ValueError("not a fleetctl release record")
+    return manifest
+
+
+def emit_shipped(manifest):
+    for entry in manifest:
         event = dict(entry)
         event["t"] = "shipped"
         emit(event)
@@ -273,7 +291,7 @@ def scan(root, state):
     unreadable = 0
     if state["current_kind"] in ("symlink", "foreign-symlink"):
         if state["shipped"]:
-            emit_shipped(root, enc(state["current"]))
+            emit_shipped(state["_manifest"])
         entries, unreadable = scan_tree(os.path.join(root, b"current/"))
     elif state["current_kind"] == "dir":
         entries, unreadable = scan_tree(os.path.join(root, b"current"))
@@ -526,11 +544,18 @@ def prune(root, keep, current):
     for name in names[:-keep] if keep > 0 else names:
         if name == current:
             continue
-        force_rmtree(os.path.join(releases_dir, name))
-        record = record_path(root, name)
-        if os.path.exists(record):
-            os.unlink(record)
-        removed.append(dec(name))
+        # The record goes first: a half-removed release must never look like a rollback target.
+        try:
+            record = record_path(root, name)
+            if os.path.lexists(record):
+                os.unlink(record)
+            force_rmtree(os.path.join(releases_dir, name))
+            removed.append(dec(name))
+        except OSError as exc:  # one stuck release must not stop the others being pruned
+            path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
+                exc.filename, bytes) else exc.filename
+            emit({"t": "warning", "message": "could not prune release %s: %s (%s)"
+                  % (dec(name), os_error_text(exc), path)})
     return removed
 
 
@@ -560,6 +585,12 @@ def create_and_lock(root):
     if read_state(root)["current_kind"] is not None:
         raise Stop("lock", "changed", "another ship reached this new host first; run again")
     return lock_fd
+
+
+def layout_problem(root, state):
+    what = "directory" if state["current_kind"] == "dir" else "file or special file"
+    return ("%s/current is a %s, not a release symlink; move it aside to adopt this host"
+            % (dec(root), what))
 
 
 def compile_ignore(patterns):
@@ -695,10 +726,9 @@ def main():
         if request["op"] == "ship" and os.path.isdir(root):
             lock_fd = lock_root(root)
         state = read_state(root)
-        emit(state)
+        emit(dict((k, v) for k, v in state.items() if not k.startswith("_")))
         if request["op"] == "ship" and state["current_kind"] in ("dir", "other"):
-            raise Stop("scan", "layout", "%s/current is a %s, not a release symlink; move it "
-                       "aside to adopt this host" % (dec(root), state["current_kind"]))
+            raise Stop("scan", "layout", layout_problem(root, state))
         scanned = scan(root, state)
         if request["op"] == "ship":
             return do_ship(root, request, state, scanned, lock_fd)

@@ -135,11 +135,17 @@ def render_template(source: bytes, name: str, context: dict[str, Any]) -> bytes:
         line = _template_line(exc)
         match = _UNDEFINED.search(exc.message or "")
         what = f"undefined variable {match.group(1)!r}" if match else (exc.message or "undefined")
-        raise InputError(f"{name}{':' + str(line) if line else ''}: {what}",
-                         hint="define it under vars: for the host or the agent in the inventory"
-                         ) from None
+        hint = ("define it under vars: for the host or the agent in the inventory"
+                if match else None)
+        raise InputError(f"{name}{':' + str(line) if line else ''}: {what}", hint=hint) from None
     except jinja2.TemplateError as exc:
-        raise InputError(f"{name}: template error: {exc}") from None
+        line = _template_line(exc)
+        raise InputError(f"{name}{':' + str(line) if line else ''}: template error: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a template's own arithmetic, filters, include...
+        line = _template_line(exc)
+        what = ("include/extends/import are not supported: each template renders on its own"
+                if "no loader" in str(exc) else f"{exc.__class__.__name__}: {exc}")
+        raise InputError(f"{name}{':' + str(line) if line else ''}: template error: {what}") from None
     return out.encode("utf-8")
 
 
@@ -228,6 +234,14 @@ def write_tree(tree: DesiredTree, out: Path) -> None:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
+    try:
+        _write_tree(tree, out)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write the tree: {exc.strerror}"
+                         + (f" ({exc.filename})" if exc.filename else "")) from None
+
+
+def _write_tree(tree: DesiredTree, out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"{out}: exists and is not an empty directory",
                          hint="choose a new directory; render never overwrites")

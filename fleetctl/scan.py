@@ -56,5 +56,28 @@ def desired_for(tree: DesiredTree, state: LiveState) -> Manifest:
 
 
 def changes_for(blueprint: Blueprint, tree: DesiredTree, state: LiveState) -> list[Change]:
-    """Every change between the host's live tree and the desired tree, with origins."""
-    return compare(desired_for(tree, state), state.live, shipped_base(state), blueprint.ignore)
+    """Every change between the host's live tree and the desired tree, with origins.
+
+    Nothing is claimed about a path the scan could not read, or anything below it: it would
+    show as ``missing`` only because it was not seen.
+    """
+    changes = compare(desired_for(tree, state), state.live, shipped_base(state), blueprint.ignore)
+    if not state.unreadable:
+        return changes
+    unseen = [u.path for u in state.unreadable]
+    if any(p in ("", ".") for p in unseen):
+        return []
+    return [c for c in changes
+            if not any(c.path == p or c.path.startswith(p + "/") for p in unseen)]
+
+
+LAYOUT_KINDS = ("dir", "other")
+
+
+def layout_problem(host: Host, state: LiveState) -> str | None:
+    """Why a ship cannot replace this host's ``current`` (the host-side check, for dry runs)."""
+    if state.current_kind not in LAYOUT_KINDS:
+        return None
+    what = "directory" if state.current_kind == "dir" else "file or special file"
+    return (f"{host.root}/current is a {what}, not a release symlink; move it aside to adopt "
+            "this host")

@@ -23,13 +23,13 @@ from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
 from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.errors import FleetctlError, HostError, ShipRefused
-from fleetctl.hostcall import encode_json, frame
+from fleetctl.hostcall import encode_json, frame, interrupt_all
 from fleetctl.inventory import Host
 from fleetctl.manifest import FILE, Manifest
 from fleetctl.names import printable
 from fleetctl.render import DesiredTree, render_host
 from fleetctl.results import HostResult, NoProgress, Progress
-from fleetctl.scan import changes_for, desired_for, host_session, shipped_base
+from fleetctl.scan import changes_for, desired_for, host_session, layout_problem
 
 
 def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
@@ -55,11 +55,11 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress) -> HostResu
         changes = changes_for(blueprint, tree, state)
     if state.unreadable:
         return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
-                          release=state.current,
+                          release=state.current, warnings=state.warnings,
                           error=f"{len(state.unreadable)} path(s) could not be read; the scan "
                           "is incomplete, so the host cannot be called in sync")
     return HostResult(host.name, "drift" if changes else "in-sync", changes,
-                      release=state.current)
+                      release=state.current, warnings=state.warnings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
         digest = plan_digest(changes, desired, state.current)
         result = HostResult(host.name, "dry-run", changes, release=state.current,
                             previous=state.current, unreadable=state.unreadable,
-                            plan_digest=digest)
+                            plan_digest=digest, warnings=list(state.warnings))
 
         def stop(status: str, error: str | None = None, hint: str | None = None) -> HostResult:
             if op == "ship":
@@ -111,6 +111,10 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
             result.status, result.error, result.hint = status, error, hint
             return result
 
+        problem = layout_problem(host, state)
+        if problem:  # the host-side program refuses this itself; a dry run must say the same
+            result.step = "scan"
+            return stop("error", problem)
         if state.unreadable:
             return stop("incomplete", f"{len(state.unreadable)} path(s) could not be read; "
                         "refusing to ship over a tree that was not fully seen")
@@ -250,4 +254,13 @@ def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: i
         return result
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(one, hosts))
+        futures = [pool.submit(one, host) for host in hosts]
+        pending = set(futures)
+        while pending:
+            try:
+                _, pending = concurrent.futures.wait(pending, timeout=0.2)
+            except KeyboardInterrupt:
+                # Ctrl-C: end the host-side programs (a ship not yet switched leaves the
+                # previous release in use), start no new host, and still report every host.
+                interrupt_all()
+        return [f.result() for f in futures]

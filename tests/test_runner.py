@@ -1,0 +1,534 @@
+"""The runner end to end, with scripted fake agents (tests/fake_agents/) and zero model calls.
+
+Each test renders a real release with fleetctl (the repository's runner, skills and
+``templates/agent.yaml.j2``, plus a test role whose ``agent_command`` is a fake agent), drops
+messages into the inbox the documented way, runs ``<root>/current/runner/bin/fleet-runner`` as
+a separate process, and checks what it left: the spools, the finished messages, the fake
+agent's own log ($FAKE_AGENT_LOG), the records, and which processes are still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetctl.blueprint import load_blueprint
+from fleetctl.inventory import load_inventory
+from fleetctl.render import render_host, write_tree
+
+REPO = Path(__file__).resolve().parents[1]
+FAKES = REPO / "tests" / "fake_agents"
+AGENT = "a1"
+ROLE_PROMPT = "You are a test agent. Do the task in the workspace.\n"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _jsons(directory: Path) -> list[dict]:
+    if not directory.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(directory.iterdir())
+            if p.name.endswith(".json") and not p.name.startswith(".")]
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+@dataclass
+class Fleet:
+    """One host root with one agent, rendered by fleetctl, and helpers to drive its runner."""
+
+    root: Path
+    log: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state" / AGENT
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace" / AGENT
+
+    def drop(self, mid: str, text: str = "What is 6 x 7?", kind: str = "human",
+             channel: str | None = "#support", reply_to: str | None = None,
+             raw: bytes | None = None) -> None:
+        """Drop a message as a bridge would: a dot-file, then a rename to *.json."""
+        inbox = self.state / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        body = raw if raw is not None else json.dumps(
+            {"id": mid, "from": {"kind": kind, "name": "alice" if kind == "human" else "planner"},
+             "channel": channel, "text": text, "reply_to": reply_to}).encode()
+        tmp = inbox / f".{mid}.tmp"
+        tmp.write_bytes(body)
+        os.rename(tmp, inbox / f"{time.time_ns()}-{mid}.json")
+
+    def argv(self, *extra: str) -> list[str]:
+        return [str(self.root / "current" / "runner" / "bin" / "fleet-runner"), "--agent", AGENT,
+                "--root", str(self.root), "--kill-grace-s", "0.3", "--check-timeout-s", "20",
+                "--poll-s", "0.1", *extra]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "FAKE_AGENT_LOG": str(self.log), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run the runner until the inbox is drained (--once)."""
+        return subprocess.run(self.argv("--once", *extra), env=self.env(), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        """Start a serving runner (no --once)."""
+        return subprocess.Popen(self.argv(*extra), env=self.env(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def events(self, event: str | None = None) -> list[dict]:
+        """The fake agents' own log."""
+        if not self.log.exists():
+            return []
+        rows = [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        return [r for r in rows if event is None or r["event"] == event]
+
+    def wait_for(self, event: str, timeout: float = 15) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.events(event)
+            if found:
+                return found[-1]
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {event!r} event within {timeout} s")
+
+    def outbox(self) -> list[dict]:
+        return _jsons(self.state / "outbox")
+
+    def notices(self) -> list[dict]:
+        return _jsons(self.state / "notify")
+
+    def record(self, task: str, attempt: int) -> dict:
+        return json.loads((self.state / "runs" / task / f"attempt-{attempt}.json").read_text())
+
+    def gate(self, task: str, attempt: int, name: str) -> dict:
+        return next(g for g in self.record(task, attempt)["gates"] if g["name"] == name)
+
+    def ledger(self) -> list[dict]:
+        path = self.state / "ledger.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def where(self, mid: str) -> list[str]:
+        """Which spool directories hold message ``mid`` (by file name)."""
+        return [d for d in ("inbox", "processing", "done", "failed")
+                for name in _names(self.state / d) if name.endswith(f"-{mid}.json")]
+
+
+@pytest.fixture
+def make_fleet(tmp_path):
+    """Render a release for one agent whose role runs a fake agent; return a :class:`Fleet`."""
+
+    def make(fake: str, *, check: str | None = None, max_retries: int = 0,
+             timeout_s: float = 20, skills: tuple[str, ...] = ("reply", "notify"),
+             workspace_files: dict[str, str] | None = None) -> Fleet:
+        bp = tmp_path / "blueprint"
+        shutil.copytree(REPO / "blueprint" / "runner", bp / "runner",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for skill in ("reply", "notify"):
+            shutil.copytree(REPO / "blueprint" / "skills" / skill, bp / "skills" / skill,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        (bp / "skills" / "vault" / "bin").mkdir(parents=True)
+        (bp / "skills" / "vault" / "SKILL.md").write_text(
+            "---\nname: vault\nsummary: Read secrets you are granted.\n---\n# vault\n")
+        shutil.copy(FAKES / "vault", bp / "skills" / "vault" / "bin" / "vault")
+        (bp / "roles").mkdir()
+        (bp / "roles" / "tester.yaml").write_text(yaml.safe_dump({
+            "prompt": ROLE_PROMPT, "skills": list(skills), "check": check,
+            "max_retries": max_retries, "agent_command": [str(FAKES / fake)],
+            "timeout_s": timeout_s}))
+        # Outside git only declared modes apply (docs/blueprint.md): declare the executables.
+        (bp / "attributes.yaml").write_text(yaml.safe_dump({"files": [
+            {"match": "skills/*/bin/*", "mode": "0755"},
+            {"match": "runner/bin/*", "mode": "0755"}]}))
+        root = tmp_path / "root"
+        inv = tmp_path / "inventory.yaml"
+        inv.write_text(yaml.safe_dump({"hosts": {"h1": {
+            "transport": "local", "root": str(root),
+            "agents": {AGENT: {"role": "tester", "vars": {"channel": "#support"}}}}}}))
+        blueprint = load_blueprint(bp, REPO / "templates")
+        host = load_inventory(inv, set(blueprint.roles)).hosts[0]
+        write_tree(render_host(blueprint, host), root / "releases" / "r1")
+        os.symlink("releases/r1", root / "current")
+        fleet = Fleet(root=root, log=tmp_path / "fake-agent.log")
+        for rel, text in (workspace_files or {}).items():
+            path = fleet.workspace / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        return fleet
+
+    return make
+
+
+def test_a_clean_run_passes_and_is_recorded(make_fleet):
+    fleet = make_fleet("clean", check=f"{FAKES / 'badcheck'}")
+    fleet.drop("t1", kind="agent", channel=None, text="write hello.py")
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("t1") == ["done"]
+    assert (fleet.workspace / "hello.py").read_text() == "print('hello')\n"
+    [start] = fleet.events("start")
+    # The agent ran in the workspace, in its own process group, with the task in its env.
+    assert start["cwd"] == str(fleet.workspace)
+    assert start["pgid"] == start["pid"]
+    assert start["env"]["FLEET_TASK_ID"] == "t1" and start["env"]["FLEET_RUN_ID"] == "t1/1"
+    assert start["env"]["PATH"].split(os.pathsep)[0].endswith("skills/reply/bin")
+    # The prompt: role prompt, skills index from SKILL.md, CLI index, then the task.
+    prompt = start["prompt"]
+    assert prompt.startswith(ROLE_PROMPT.rstrip())
+    skill_md = (REPO / "blueprint" / "skills" / "reply" / "SKILL.md").read_text()
+    summary = next(ln.split(":", 1)[1].strip() for ln in skill_md.splitlines()
+                   if ln.startswith("summary:"))
+    assert f"- reply: {summary}" in prompt
+    assert "`reply --help`" in prompt and "`notify --help`" in prompt
+    assert "write hello.py" in prompt
+    assert "NOT delivered" not in prompt  # an agent's task: no anti-silence instruction
+    record = fleet.record("t1", 1)
+    assert record["verdict"] == "pass"
+    assert {g["name"]: g["status"] for g in record["gates"]} == {
+        "run": "pass", "check": "pass", "anti-silence": "skip"}
+    assert record["changes"]["added"] == ["hello.py"]
+    [turn] = fleet.ledger()
+    assert turn["task"] == "t1" and turn["attempt"] == 1
+    assert turn["token_counter"] == "bytes/4-estimate" and turn["tokens_exact"] is False
+    expected = -(-len(ROLE_PROMPT.rstrip().encode()) // 4)
+    assert turn["prefix_tokens"]["role_prompt"] == expected
+    assert set(turn["prefix_tokens"]) == {"role_prompt", "skills_index", "cli_index"}
+    assert turn["usage"] == {"input_tokens": 120, "output_tokens": 7}
+    assert fleet.notices() == [] and fleet.outbox() == []
+
+
+def test_a_check_error_fails_the_gate_and_the_retry_fixes_it(make_fleet):
+    fleet = make_fleet("fix_on_retry", check=f"{FAKES / 'badcheck'} --style dot", max_retries=2)
+    fleet.drop("t2", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    starts = fleet.events("start")
+    assert [s["attempt"] for s in starts] == ["1", "2"]
+    # The second attempt was fed the checker's raw output.
+    assert "verification failed: fix exactly this" in starts[1]["prompt"]
+    assert "./pkg/mod.py:2:5: E1 BAD marker" in starts[1]["prompt"]
+    check1 = fleet.gate("t2", 1, "check")
+    assert check1["status"] == "fail"
+    assert check1["details"]["new_errors"] == ["./pkg/mod.py:2:5: E1 BAD marker"]
+    assert fleet.record("t2", 1)["verdict"] == "fail"
+    assert fleet.record("t2", 2)["verdict"] == "pass"
+    assert fleet.where("t2") == ["done"]
+    assert (fleet.workspace / "pkg" / "mod.py").read_text() == "def f():\n    return 1\n"
+    assert fleet.notices() == []
+
+
+def test_spent_retry_budget_escalates_and_clears_the_task(make_fleet):
+    fleet = make_fleet("always_bad", check=str(FAKES / "badcheck"), max_retries=1)
+    fleet.drop("t3", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    assert len(fleet.events("start")) == 2  # max_retries 1: two attempts, no more
+    assert fleet.where("t3") == ["failed"]
+    [notice] = fleet.notices()
+    assert notice["task"] == "t3" and notice["kind"] == "gave-up" and notice["failures"] == 2
+    assert notice["agent"] == AGENT and notice["via"] == "notify-cli"
+    assert "2 failed verification(s)" in notice["reason"]
+    assert "pkg/mod.py:2:5: E1 BAD marker" in notice["reason"]  # the last failure, named
+    assert "pkg/mod.py:2:5: E1 BAD marker" in notice["detail"]  # and its raw output
+    # Cleared: a later runner start does not pick it up again.
+    fleet.drop("t3b", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    assert [s["task"] for s in fleet.events("start")] == ["t3", "t3", "t3b"]
+    assert fleet.where("t3") == ["failed"]
+
+
+def test_errors_only_in_untouched_files_are_existing_debt(make_fleet):
+    legacy = "x = 1  # BAD old code\n"
+    fleet = make_fleet("clean", check=str(FAKES / "badcheck"),
+                       workspace_files={"legacy.py": legacy})
+    fleet.drop("t4", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    assert fleet.where("t4") == ["done"]
+    check = fleet.gate("t4", 1, "check")
+    assert check["status"] == "pass"
+    assert check["details"]["exit_status"] == 1  # the checker did fail ...
+    col = legacy.index("BAD") + 1
+    assert check["details"]["existing_debt"] == [f"legacy.py:1:{col}: E1 BAD marker"]  # ... on debt
+    assert check["details"]["new_errors"] == []
+    assert "existing debt" in check["summary"]
+
+
+def test_checker_paths_are_normalised_absolute_and_through_symlinks(make_fleet, tmp_path):
+    # The workspace is reached through a symlink; the checker prints resolved absolute paths.
+    fleet = make_fleet("always_bad", check=f"{FAKES / 'badcheck'} --style abs",
+                       workspace_files={"legacy.py": "BAD = 0\n"})
+    real = tmp_path / "real-workspace"
+    os.rename(fleet.workspace, real)
+    os.symlink(real, fleet.workspace)
+    fleet.drop("t5", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    check = fleet.gate("t5", 1, "check")
+    assert check["status"] == "fail"
+    assert check["details"]["new_errors"] == [f"{real / 'pkg' / 'mod.py'}:2:5: E1 BAD marker"]
+    assert check["details"]["existing_debt"] == [f"{real / 'legacy.py'}:1:1: E1 BAD marker"]
+
+
+def test_unparseable_output_of_a_failing_checker_is_a_failure(make_fleet):
+    fleet = make_fleet("clean", check=f"{FAKES / 'badcheck'} --crash")
+    fleet.drop("t6", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    check = fleet.gate("t6", 1, "check")
+    assert check["status"] == "fail" and "cannot parse" in check["summary"]
+    assert "KeyError: 'config'" in check["output"]
+    assert fleet.where("t6") == ["failed"]
+    assert fleet.notices()[0]["kind"] == "gave-up"
+
+
+def test_an_answer_never_sent_fails_anti_silence(make_fleet):
+    fleet = make_fleet("silent", max_retries=1)
+    fleet.drop("t7", text="What is 6 x 7?")
+    assert fleet.run().returncode == 0
+    starts = fleet.events("start")
+    assert len(starts) == 2
+    for start in starts:  # the explicit instruction, with the exact command, every attempt
+        assert "Your final text is NOT delivered" in start["prompt"]
+        assert "reply --task t7 --channel #support TEXT" in start["prompt"]
+    assert "no reply was sent for task t7" in starts[1]["prompt"]  # fed back
+    gate = fleet.gate("t7", 2, "anti-silence")
+    assert gate["status"] == "fail"
+    assert fleet.gate("t7", 2, "run")["status"] == "pass"  # exit 0 and "I have sent it": no proof
+    assert fleet.outbox() == []
+    assert fleet.where("t7") == ["failed"]
+    [notice] = fleet.notices()
+    assert notice["kind"] == "gave-up" and "anti-silence" in notice["reason"]
+
+
+def test_a_sent_reply_passes_anti_silence(make_fleet):
+    fleet = make_fleet("replier")
+    fleet.drop("t8", text="What is 6 x 7?", reply_to="m0")
+    assert fleet.run().returncode == 0
+    [sent] = fleet.outbox()
+    assert sent["task"] == "t8" and sent["channel"] == "#support"
+    assert sent["text"] == "The answer is 42."
+    assert fleet.gate("t8", 1, "anti-silence")["status"] == "pass"
+    assert fleet.where("t8") == ["done"]
+    sends = [json.loads(ln) for ln in (fleet.state / "sends.jsonl").read_text().splitlines()]
+    assert [(s["task"], s["run"], s["message_id"]) for s in sends] == [("t8", "t8/1", sent["id"])]
+
+
+def test_permission_denied_stops_at_once_without_retry(make_fleet):
+    fleet = make_fleet("denied", max_retries=3, timeout_s=30, skills=("reply", "notify", "vault"))
+    fleet.drop("t9", kind="agent", channel=None)
+    started = time.monotonic()
+    assert fleet.run().returncode == 0
+    assert time.monotonic() - started < 10  # the agent meant to carry on for 20 s
+    assert len(fleet.events("start")) == 1  # no retry
+    [carry_on] = fleet.events("carrying-on")
+    assert carry_on["vault_status"] == 77
+    assert fleet.events("finished") == [] and not (fleet.workspace / "after.txt").exists()
+    assert not _alive(carry_on["pid"])
+    record = fleet.record("t9", 1)
+    assert record["verdict"] == "denied" and record["invocation"]["stopped"] == "denied"
+    assert [d["what"] for d in record["denials"]] == ["vault read secret/prod-db"]
+    assert fleet.where("t9") == ["failed"]
+    [notice] = fleet.notices()
+    assert notice["kind"] == "denied" and "vault read secret/prod-db" in notice["reason"]
+    assert "403 Forbidden" in notice["reason"] and "Not retried" in notice["reason"]
+
+
+def test_exit_status_77_of_the_agent_is_a_denial(make_fleet):
+    fleet = make_fleet("exit77", max_retries=2)
+    fleet.drop("t10", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    assert len(fleet.events("start")) == 1
+    assert fleet.record("t10", 1)["verdict"] == "denied"
+    [notice] = fleet.notices()
+    assert notice["kind"] == "denied" and "status 77" in notice["reason"]
+    assert "access to the repository was refused" in notice["detail"]
+
+
+def test_a_hung_agent_times_out_and_its_whole_group_is_gone(make_fleet):
+    fleet = make_fleet("hang", timeout_s=1)
+    fleet.drop("t11", kind="agent", channel=None)
+    started = time.monotonic()
+    assert fleet.run().returncode == 0
+    assert time.monotonic() - started < 8
+    spawned = fleet.wait_for("spawned", timeout=0)
+    # Both ignored SIGTERM; both are gone (killed and reaped, not zombies).
+    assert not _alive(spawned["pid"])
+    assert not _alive(spawned["grandchild"])
+    invocation = fleet.record("t11", 1)["invocation"]
+    assert invocation["timed_out"] is True and invocation["group_gone"] is True
+    assert fleet.where("t11") == ["failed"]
+    [notice] = fleet.notices()
+    assert "timed out" in notice["reason"]
+
+
+def test_processes_left_behind_by_a_finished_agent_are_killed(make_fleet):
+    fleet = make_fleet("leaves_child")
+    fleet.drop("t12", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    spawned = fleet.wait_for("spawned", timeout=0)
+    assert not _alive(spawned["grandchild"])
+    record = fleet.record("t12", 1)
+    assert record["invocation"]["leftovers_killed"] is True and record["verdict"] == "pass"
+
+
+def test_a_crashing_agent_is_retried_then_escalated(make_fleet):
+    fleet = make_fleet("crash", max_retries=1)
+    fleet.drop("t13", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    starts = fleet.events("start")
+    assert len(starts) == 2
+    assert "RuntimeError: boom" in starts[1]["prompt"]  # its stderr, fed back
+    run_gate = fleet.gate("t13", 2, "run")
+    assert run_gate["status"] == "fail" and "exited with status 1" in run_gate["summary"]
+    assert fleet.where("t13") == ["failed"]
+    [notice] = fleet.notices()
+    assert "exited with status 1" in notice["reason"] and "boom" in notice["detail"]
+
+
+def test_the_inbox_survives_a_killed_runner_nothing_lost_or_doubled(make_fleet):
+    fleet = make_fleet("slow", max_retries=2)
+    fleet.drop("r1", text="first")
+    fleet.drop("r2", text="second")
+    runner = fleet.start()
+    sleeping = fleet.wait_for("sleeping")
+    assert fleet.where("r1") == ["processing"] and fleet.where("r2") == ["inbox"]
+    runner.kill()  # SIGKILL: no cleanup at all
+    runner.wait()
+    assert _alive(sleeping["pid"])  # the agent outlived its runner ...
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert not _alive(sleeping["pid"])  # ... until the restarted runner ended its group
+    assert fleet.where("r1") == ["done"] and fleet.where("r2") == ["done"]
+    assert _names(fleet.state / "inbox") == [] and _names(fleet.state / "processing") == []
+    assert sorted(m["task"] for m in fleet.outbox()) == ["r1", "r2"]  # one reply each
+    starts = [(s["task"], s["attempt"]) for s in fleet.events("start")]
+    assert starts == [("r1", "1"), ("r1", "2"), ("r2", "1")]
+    resumed = fleet.events("start")[1]["prompt"]
+    assert "was interrupted" in resumed
+    assert fleet.record("r1", 1)["verdict"] == "interrupted"
+    assert fleet.record("r1", 1)["stale_group_killed"] is True
+    assert fleet.record("r1", 2)["verdict"] == "pass"
+    turns = [(t["task"], t["attempt"], t["interrupted"]) for t in fleet.ledger()]
+    assert turns == [("r1", 1, True), ("r1", 2, False), ("r2", 1, False)]
+
+
+def test_a_task_decided_before_a_crash_is_not_run_again(make_fleet):
+    fleet = make_fleet("replier")
+    fleet.drop("d1")
+    assert fleet.run().returncode == 0
+    assert fleet.where("d1") == ["done"]
+    # Put the state back as a crash between deciding and moving would leave it.
+    [name] = _names(fleet.state / "done")
+    os.rename(fleet.state / "done" / name, fleet.state / "processing" / name)
+    progress_path = fleet.state / "runs" / "d1" / "progress.json"
+    progress = json.loads(progress_path.read_text())
+    progress["final"].pop("moved")
+    progress_path.write_text(json.dumps(progress))
+    assert fleet.run().returncode == 0
+    assert len(fleet.events("start")) == 1  # not run again
+    assert fleet.where("d1") == ["done"] and len(fleet.outbox()) == 1
+    # The same id dropped again later is a duplicate: not run, moved to failed/.
+    fleet.drop("d1")
+    assert fleet.run().returncode == 0
+    assert len(fleet.events("start")) == 1
+    assert fleet.where("d1") == ["done", "failed"]
+
+
+def test_an_invalid_message_is_set_aside_and_escalated(make_fleet):
+    fleet = make_fleet("clean")
+    fleet.drop("bad", raw=b'{"id": "bad", "text": "no sender"}')
+    fleet.drop("ok", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    assert fleet.where("bad") == ["failed"] and fleet.where("ok") == ["done"]
+    [notice] = fleet.notices()
+    assert notice["kind"] == "invalid" and "from:" in notice["reason"]
+    assert [s["task"] for s in fleet.events("start")] == ["ok"]
+
+
+def test_sigterm_ends_the_attempt_and_keeps_the_task(make_fleet):
+    fleet = make_fleet("slow", max_retries=1)
+    fleet.drop("s1")
+    runner = fleet.start()
+    sleeping = fleet.wait_for("sleeping")
+    second = subprocess.run(fleet.argv("--once"), env=fleet.env(), capture_output=True,
+                            text=True, timeout=30)
+    assert second.returncode == 3 and "another runner" in second.stderr  # one runner per agent
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=10) == 0
+    assert not _alive(sleeping["pid"])
+    assert fleet.where("s1") == ["processing"]  # kept for the next start, not lost
+    assert fleet.run().returncode == 0
+    assert fleet.where("s1") == ["done"] and len(fleet.outbox()) == 1
+
+
+def test_a_switched_release_is_picked_up_between_tasks(make_fleet):
+    fleet = make_fleet("clean")
+    fleet.drop("v1", kind="agent", channel=None)
+    runner = fleet.start()
+    try:
+        deadline = time.monotonic() + 15
+        while fleet.where("v1") != ["done"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # A ship: a new release beside the old one, then current switched by rename.
+        shutil.copytree(fleet.root / "releases" / "r1", fleet.root / "releases" / "r2",
+                        symlinks=True)
+        os.symlink("releases/r2", fleet.root / "current.tmp")
+        os.rename(fleet.root / "current.tmp", fleet.root / "current")
+        time.sleep(0.5)  # idle: the runner notices and execs the new release's runner
+        fleet.drop("v2", kind="agent", channel=None)
+        while fleet.where("v2") != ["done"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.poll() is None  # the same process (exec keeps the pid), still serving
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=10)
+    assert fleet.record("v1", 1)["release"] == str(fleet.root / "releases" / "r1")
+    assert fleet.record("v2", 1)["release"] == str(fleet.root / "releases" / "r2")
+    assert "restarting into it" in runner.stderr.read()
+
+
+def test_a_missing_agent_command_is_a_config_error(make_fleet, tmp_path):
+    fleet = make_fleet("clean")
+    config = fleet.root / "current" / "agents" / AGENT / "agent.yaml"
+    os.chmod(config, 0o644)
+    text = config.read_text()
+    config.write_text("\n".join(ln for ln in text.splitlines()
+                                if not ln.startswith("agent_command:")) + "\n")
+    fleet.drop("c1", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 2 and "agent_command is not set" in done.stderr
+    assert fleet.where("c1") == ["processing"]  # kept until the config is fixed
+
+
+def test_show_prefix_prints_the_components_and_estimates(make_fleet):
+    fleet = make_fleet("clean")
+    done = subprocess.run(fleet.argv("--show-prefix"), env=fleet.env(), capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["token_counter"] == "bytes/4-estimate" and shown["tokens_exact"] is False
+    assert shown["text"] == "\n\n".join(v for v in shown["components"].values() if v)
+    assert shown["tokens_total"] == sum(shown["tokens"].values())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
