@@ -1,0 +1,25 @@
+"""fleet_runner: the loop each agent runs on its host (DESIGN.md §7).
+
+Standard library only: hosts get no pip installs. One module per job:
+
+- :mod:`fleet_runner.config`     the agent's config (``agents/<name>/agent.yaml``)
+- :mod:`fleet_runner.paths`      where the release, state and workspace are
+- :mod:`fleet_runner.inbox`      the message spool: claim, parse, finish
+- :mod:`fleet_runner.tokens`     the token counter (a placeholder estimate for now)
+- :mod:`fleet_runner.prefix`     the prompt prefix (also imported by ``fleetctl tokens``)
+- :mod:`fleet_runner.prompt`     the task prompt: message, anti-silence, retry feedback
+- :mod:`fleet_runner.invoke`     a command in its own process group, with a wall-clock timeout
+- :mod:`fleet_runner.snapshot`   sha256 snapshots of the workspace and their difference
+- :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed
+- :mod:`fleet_runner.gates`      the verify gates: run, check (diff-aware), anti-silence
+- :mod:`fleet_runner.evidence`   what the CLIs record for the runner: sends and denials
+- :mod:`fleet_runner.records`    JSON files and the JSONL ledger, written safely
+- :mod:`fleet_runner.progress`   the per-task sentinel that makes restarts safe
+- :mod:`fleet_runner.escalate`   telling a person, through the notify CLI
+- :mod:`fleet_runner.loop`       the outer loop: take a task, attempt, verify, retry, finish
+- :mod:`fleet_runner.cli`        the command line
+
+Importing any module has no side effects.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,7 @@
+"""``python3 -m fleet_runner``: run the command line."""
+
+import sys
+
+from fleet_runner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,155 @@
+"""Parsing a checker's output into diagnostics (path, line, column, severity, message).
+
+Formats understood (stdout and stderr are read together, line by line):
+
+``gnu``      ``path:line:col: message`` and ``path:line: message``. Emitted by ruff
+             (``--output-format concise``), flake8, pyflakes, mypy (with or without
+             ``--show-column-numbers``), gcc and clang, ``eslint --format unix``.
+``paren``    ``path(line,col): message``: ``tsc --pretty false``.
+``arrow``    a header line ``CODE message`` followed by a location line ``--> path:line:col``:
+             ruff's default ``full`` format.
+
+Lines that are understood but carry no diagnostic, and so never count as unparsed:
+blank lines; lines starting with whitespace or a ``|`` code-frame gutter (source excerpts,
+carets, continuations); ``help:``/``note:``/``hint:``/``info:`` lines; and the summaries
+``Found N errors``, ``[*] N fixable ...``, ``No fixes available ...``, ``All checks passed!``
+(ruff), ``Success: no issues found ...`` (mypy), ``N problems`` (eslint), ``In file included
+from ...``, ``path: In function ...:``, ``path: At top level:``, ``compilation terminated.``
+(gcc), ``N errors generated.`` (clang). Every other line is *unparsed*; the check gate treats
+unparsed output of a failing checker as a failure.
+
+Severity: a message starting with ``error``/``fatal error`` (or an eslint ``[Error/...]``
+suffix) is an error; ``warning`` (or ``[Warning/...]``) a warning; ``note``, ``info``,
+``help``, ``required from``, ``In instantiation of`` a note; anything else (ruff, flake8 and
+pyflakes codes such as ``F401``) an error.
+
+Test runners (pytest, go test) do not print their failures in these formats: a failing test
+command leaves unparsed lines, so its failure always fails the gate (never "existing debt").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+ERROR, WARNING, NOTE = "error", "warning", "note"
+
+_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)$")
+_PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)$")
+_ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*$")
+_CONTEXT = re.compile(r"^(\s|\d*\s*\|)")
+_NOISE = re.compile(
+    r"^(?:"
+    r"(?:help|note|hint|info)(?:\[[^\]]*\])?:\s"
+    r"|Found \d+ (?:errors?|warnings?|problems?|diagnostics?)\b"
+    r"|\[\*\] \d+ fixable"
+    r"|No fixes available"
+    r"|All checks passed!"
+    r"|Success: no issues found"
+    r"|\d+ problems?(?: \(.*\))?$"
+    r"|In file included from "
+    r"|\S.*: (?:In (?:member |static member )?function|In constructor|In destructor"
+    r"|In instantiation of|At top level|At global scope)\b.*:$"
+    r"|compilation terminated\.$"
+    r"|\d+ (?:warnings?|errors?)(?: and \d+ (?:warnings?|errors?))? generated\.$"
+    r"|[^\s:]+: note: "
+    r")")
+_ESLINT_SEVERITY = re.compile(r"\[(Error|Warning)/[^\]]*\]\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    """One finding of a checker.
+
+    Attributes:
+        path: the path as the checker printed it.
+        line: 1-based line.
+        col: 1-based column, or ``None``.
+        severity: ``"error"``, ``"warning"`` or ``"note"``.
+        message: the text after the location.
+        format: ``"gnu"``, ``"paren"`` or ``"arrow"``.
+    """
+
+    path: str
+    line: int
+    col: int | None
+    severity: str
+    message: str
+    format: str
+
+    def render(self) -> str:
+        """``path:line:col: message`` (column left out when unknown)."""
+        col = f"{self.col}:" if self.col is not None else ""
+        return f"{self.path}:{self.line}:{col} {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    """A checker's output, parsed.
+
+    Attributes:
+        diagnostics: every diagnostic found, in output order.
+        unparsed: lines that are neither a diagnostic nor known context or summary.
+    """
+
+    diagnostics: tuple[Diagnostic, ...]
+    unparsed: tuple[str, ...]
+
+
+def severity_of(message: str) -> str:
+    """The severity of a diagnostic message (rules in the module docstring)."""
+    eslint = _ESLINT_SEVERITY.search(message)
+    if eslint:
+        return ERROR if eslint.group(1) == "Error" else WARNING
+    low = message.lstrip().lower()
+    if low.startswith(("error", "fatal error")):
+        return ERROR
+    if low.startswith("warning"):
+        return WARNING
+    if low.startswith(("note", "info", "help", "required from", "in instantiation of")):
+        return NOTE
+    return ERROR
+
+
+def parse_checker_output(text: str) -> ParsedOutput:
+    """Parse checker output (formats in the module docstring)."""
+    diagnostics: list[Diagnostic] = []
+    unparsed: list[str] = []
+    header: str | None = None  # a candidate header line for an arrow location
+    for line in text.splitlines():
+        arrow = _ARROW.match(line)
+        if arrow:
+            message = header if header is not None else ""
+            if header is not None:
+                unparsed.pop()  # the header belongs to this diagnostic
+            header = None
+            diagnostics.append(Diagnostic(arrow["path"], int(arrow["line"]), int(arrow["col"]),
+                                          severity_of(message), message, "arrow"))
+            continue
+        if not line.strip() or _CONTEXT.match(line) or _NOISE.match(line):
+            header = None
+            continue
+        header = None
+        paren = _PAREN.match(line)
+        if paren:
+            diagnostics.append(Diagnostic(paren["path"], int(paren["line"]), int(paren["col"]),
+                                          severity_of(paren["msg"]), paren["msg"], "paren"))
+            continue
+        gnu = _GNU.match(line)
+        if gnu:
+            col = int(gnu["col"]) if gnu["col"] else None
+            diagnostics.append(Diagnostic(gnu["path"], int(gnu["line"]), col,
+                                          severity_of(gnu["msg"]), gnu["msg"], "gnu"))
+            continue
+        unparsed.append(line)
+        header = line
+    return ParsedOutput(tuple(diagnostics), tuple(unparsed))
+
+
+def path_keys(path: str, cwd: str) -> set[str]:
+    """The absolute forms of a path as a checker running in ``cwd`` printed it: lexically
+    normalised (``./``, ``..``, relative or absolute) and with symlinks resolved. Two paths
+    name the same file when their key sets intersect."""
+    joined = os.path.normpath(os.path.join(cwd, path))
+    return {joined, os.path.realpath(joined)}

@@ -1,0 +1,134 @@
+"""The command line: ``fleet-runner --agent NAME --root ROOT [options]``.
+
+Exit statuses: 0 stopped cleanly (SIGTERM/SIGINT, or ``--once`` with the inbox drained);
+2 the agent cannot be served (bad arguments, config or release; the message being worked on,
+if any, stays in ``processing/`` for the next start); 3 another runner already serves this
+agent (its lock is held). When ``current`` is switched to another release while the runner is
+idle, it replaces itself (``exec``) with that release's runner, keeping its pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from fleet_runner.config import ConfigError, load_config
+from fleet_runner.invoke import become_subreaper
+from fleet_runner.loop import Runner, RunnerError, RunnerOptions
+from fleet_runner.paths import agent_paths
+from fleet_runner.prefix import PrefixError, build_prefix
+from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
+
+EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (every default stated in the help)."""
+    p = argparse.ArgumentParser(
+        prog="fleet-runner",
+        description="Serve one agent's inbox: run each task through the agent command, verify "
+                    "it with deterministic gates, retry a bounded number of times, escalate.")
+    p.add_argument("--agent", required=True, help="the agent's name")
+    p.add_argument("--root", default=os.environ.get("FLEET_ROOT"),
+                   help="the host's managed root (default: $FLEET_ROOT)")
+    p.add_argument("--release", help="release directory (default: ROOT/current)")
+    p.add_argument("--config", help="agent config (default: RELEASE/agents/AGENT/agent.yaml)")
+    p.add_argument("--state-dir", help="state directory (default: ROOT/state/AGENT)")
+    p.add_argument("--workspace", help="workspace (default: ROOT/workspace/AGENT)")
+    p.add_argument("--outbox", help="reply spool (default: STATE/outbox)")
+    p.add_argument("--notify-spool", help="escalation spool (default: STATE/notify)")
+    p.add_argument("--once", action="store_true",
+                   help="exit 0 once the inbox is empty instead of waiting for messages")
+    p.add_argument("--poll-s", type=float, default=1.0,
+                   help="seconds between looks at an empty inbox (default: 1)")
+    p.add_argument("--kill-grace-s", type=float, default=5.0,
+                   help="seconds between SIGTERM and SIGKILL to a process group (default: 5)")
+    p.add_argument("--check-timeout-s", type=float, default=300.0,
+                   help="wall-clock seconds for the check command (default: 300)")
+    p.add_argument("--show-prefix", action="store_true",
+                   help="print the prompt prefix and its estimated tokens as JSON, and exit")
+    return p
+
+
+def _hold_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd  # held until the process ends (kept open across exec: see _reexec)
+
+
+def _show_prefix(paths) -> int:
+    config = load_config(paths.config)
+    prefix = build_prefix(config.prompt, config.skills, paths.skills)
+    tokens = prefix.tokens(count_tokens)
+    json.dump({"agent": config.agent, "components": prefix.components, "text": prefix.text,
+               "tokens": tokens, "tokens_total": sum(tokens.values()),
+               "token_counter": TOKEN_COUNTER, "tokens_exact": False,
+               "budget_tokens": config.budget_tokens}, sys.stdout, indent=1)
+    print()
+    return EXIT_OK
+
+
+def _reexec(paths, argv: list[str], lock_fd: int) -> None:
+    entry = Path(os.path.realpath(paths.release)) / "runner" / "bin" / "fleet-runner"
+    os.set_inheritable(lock_fd, False)  # the new image takes the lock itself
+    os.close(lock_fd)
+    os.execv(sys.executable, [sys.executable, os.fspath(entry), *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if not args.root:
+        print("fleet-runner: --root is required (or set FLEET_ROOT)", file=sys.stderr)
+        return EXIT_ERROR
+    paths = agent_paths(args.agent, Path(args.root), release=args.release, config=args.config,
+                        state=args.state_dir, workspace=args.workspace, outbox=args.outbox,
+                        notify=args.notify_spool)
+    try:
+        if args.show_prefix:
+            return _show_prefix(paths)
+        load_config(paths.config)  # fail fast on a broken config
+    except (ConfigError, PrefixError) as exc:
+        print(f"fleet-runner: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        paths.ensure()
+    except OSError as exc:
+        print(f"fleet-runner: cannot create the state or workspace directories: {exc}",
+              file=sys.stderr)
+        return EXIT_ERROR
+    lock_fd = _hold_lock(paths.lock)
+    if lock_fd is None:
+        print(f"fleet-runner: another runner serves agent {args.agent} ({paths.lock} is locked)",
+              file=sys.stderr)
+        return EXIT_LOCKED
+    become_subreaper()
+    runner = Runner(paths, RunnerOptions(kill_grace_s=args.kill_grace_s,
+                                         check_timeout_s=args.check_timeout_s,
+                                         poll_s=args.poll_s))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: runner.request_stop())
+    started_release = os.path.realpath(paths.release)
+    follow = args.release is None  # an explicit --release is never swapped under the runner
+    try:
+        how = runner.serve(once=args.once, release_changed=(
+            (lambda: os.path.realpath(paths.release) != started_release) if follow else None))
+    except RunnerError as exc:
+        print(f"fleet-runner: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if how == "release-changed":
+        runner.log(f"current now points at {os.path.realpath(paths.release)}; restarting into it")
+        _reexec(paths, argv, lock_fd)
+    return EXIT_OK

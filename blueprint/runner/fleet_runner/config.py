@@ -1,0 +1,176 @@
+"""The agent's config: ``<release>/agents/<agent>/agent.yaml``, read with the standard library.
+
+fleetctl renders the file from ``templates/agent.yaml.j2``: one top-level ``key: value`` per line,
+where every value is JSON (Jinja2's ``tojson``). JSON is a subset of YAML, so the file is valid
+YAML for people and tools, and the runner needs no YAML parser on the host. Blank lines and
+lines starting with ``#`` are skipped; any other line that is not ``key: <JSON>`` is an error
+naming the file and line. Keys the runner does not know are ignored, so a newer template never
+stops an older runner.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Wall-clock seconds per agent run when the config's ``timeout_s`` is null."""
+
+DEFAULT_MAX_RETRIES = 2
+"""Retries after a failed verification when the config has no ``max_retries``."""
+
+_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$")
+
+
+class ConfigError(Exception):
+    """The agent's config is missing, unreadable or invalid (the message names file and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What the runner needs from ``agent.yaml``.
+
+    Attributes:
+        agent: the agent's name.
+        role: its role's name.
+        prompt: the role's system prompt.
+        skills: the skills it may use, in the role's order.
+        check: the check command (a shell command line), or ``None`` for no check gate.
+        max_retries: retries after a failed verification (0 = one attempt only).
+        agent_command: argv of the command that runs the model; ``None`` if not configured.
+        timeout_s: wall-clock seconds per run (``DEFAULT_TIMEOUT_S`` when null).
+        model: the model name, or ``None``; replaces ``{model}`` in ``agent_command``.
+        budget_tokens: token budget of the prompt prefix, or ``None``.
+        host: the host's name, if the config says.
+        vars: the agent's merged vars (for example ``channel``).
+        path: the file it was read from.
+    """
+
+    agent: str
+    role: str
+    prompt: str
+    skills: tuple[str, ...] = ()
+    check: str | None = None
+    max_retries: int = DEFAULT_MAX_RETRIES
+    agent_command: tuple[str, ...] | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    model: str | None = None
+    budget_tokens: int | None = None
+    host: str | None = None
+    vars: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    def argv(self) -> list[str]:
+        """The agent command's argv with ``{model}`` replaced.
+
+        Raises:
+            ConfigError: no ``agent_command``, or ``{model}`` used while ``model`` is null.
+        """
+        if not self.agent_command:
+            raise ConfigError(f"{self.path}: agent_command is not set: the runner has no command "
+                              "to run the model (set agent_command in the role)")
+        out = []
+        for arg in self.agent_command:
+            if "{model}" in arg:
+                if not self.model:
+                    raise ConfigError(
+                        f"{self.path}: agent_command uses {{model}} but model is null")
+                arg = arg.replace("{model}", self.model)
+            out.append(arg)
+        return out
+
+
+def parse_config_text(text: str, where: str = "agent.yaml") -> dict[str, Any]:
+    """Parse ``key: <JSON>`` lines into a dict.
+
+    Raises:
+        ConfigError: a line that is not ``key: <JSON>``, or a key given twice.
+    """
+    data: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            raise ConfigError(f"{where}:{number}: expected 'key: <JSON value>', got {line[:60]!r}")
+        key, raw = match.group(1), match.group(2).strip()
+        if key in data:
+            raise ConfigError(f"{where}:{number}: {key}: given twice")
+        try:
+            data[key] = json.loads(raw) if raw else None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}:{number}: {key}: not a JSON value ({exc.msg}); "
+                              "agent.yaml values are rendered with tojson") from None
+    return data
+
+
+def _want(data: dict[str, Any], key: str, kinds: tuple[type, ...], where: str,
+          required: bool = False) -> Any:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where}: {key}: required")
+        return None
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ConfigError(f"{where}: {key}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
+                     path: Path | None = None) -> AgentConfig:
+    """Validate parsed config data.
+
+    Raises:
+        ConfigError: a missing required key or a value of the wrong type (names the key).
+    """
+    skills = _want(data, "skills", (list,), where) or []
+    command = _want(data, "agent_command", (list,), where)
+    for name, items in (("skills", skills), ("agent_command", command or [])):
+        if not all(isinstance(item, str) for item in items):
+            raise ConfigError(f"{where}: {name}: every item must be a string")
+    if command is not None and not command:
+        raise ConfigError(f"{where}: agent_command: must not be empty")
+    retries = _want(data, "max_retries", (int,), where)
+    if retries is not None and retries < 0:
+        raise ConfigError(f"{where}: max_retries: must be 0 or more")
+    timeout = _want(data, "timeout_s", (int, float), where)
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(f"{where}: timeout_s: must be a number of seconds above 0")
+    return AgentConfig(
+        agent=_want(data, "agent", (str,), where, required=True),
+        role=_want(data, "role", (str,), where) or "",
+        prompt=_want(data, "prompt", (str,), where, required=True),
+        skills=tuple(skills),
+        check=_want(data, "check", (str,), where) or None,
+        max_retries=DEFAULT_MAX_RETRIES if retries is None else retries,
+        agent_command=tuple(command) if command else None,
+        timeout_s=float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S,
+        model=_want(data, "model", (str,), where) or None,
+        budget_tokens=_want(data, "budget_tokens", (int,), where),
+        host=_want(data, "host", (str,), where),
+        vars=_want(data, "vars", (dict,), where) or {},
+        path=path,
+    )
+
+
+def load_config(path: Path) -> AgentConfig:
+    """Read and validate ``agent.yaml`` at ``path``.
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8, or is invalid.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: agent config not found (is the agent in this release?)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the agent config: {exc}") from None
+    return config_from_data(parse_config_text(text, str(path)), str(path), path)

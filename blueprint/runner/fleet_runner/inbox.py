@@ -1,0 +1,186 @@
+"""The inbox: a spool directory of messages, one JSON file each, moved as work proceeds.
+
+A message file (UTF-8 JSON object)::
+
+    {
+      "id": "slack:C042:1732950000.1234",          required; the task id
+      "from": {"kind": "human", "name": "alice"},  required; kind is "human" or "agent"
+      "channel": "#support",                       required when kind is "human": where to reply
+      "text": "What is the refund policy?",        required; the request
+      "reply_to": "slack:C042:1732949000.0001"     optional; the message this one answers
+    }
+
+Other keys are kept and ignored. An id is 1 to 128 characters of letters, digits and
+``._:@+-``, starting with a letter or digit (it names files).
+
+Dropping a message (a chat bridge, ``fleetctl`` or an operator): write it to a name starting
+with ``.`` in the inbox, then rename it to a name ending in ``.json``. The runner skips dot-files
+and anything not ending in ``.json``, so it never reads a half-written message. Messages are
+taken oldest first (modification time, then name).
+
+Moves, each an atomic rename within the state directory:
+``inbox/ → processing/`` before any work; ``processing/ → done/`` when the task passed
+verification; ``processing/ → failed/`` when it gave up, was denied, was invalid, or repeats an
+id already finished. A name already present in the destination gets a ``.<n>`` before
+``.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HUMAN = "human"
+AGENT = "agent"
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+
+
+class MessageError(Exception):
+    """A message file is not a valid message (the text says what is wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One inbox message.
+
+    Attributes:
+        id: the task id.
+        sender_kind: ``"human"`` or ``"agent"``.
+        sender_name: who sent it.
+        channel: where a reply goes (``None`` allowed for agent messages).
+        text: the request.
+        reply_to: the id of the message this answers, or ``None``.
+        raw: the whole JSON object as received.
+    """
+
+    id: str
+    sender_kind: str
+    sender_name: str
+    channel: str | None
+    text: str
+    reply_to: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def human(self) -> bool:
+        """Whether a person sent it (anti-silence applies)."""
+        return self.sender_kind == HUMAN
+
+
+def parse_message(data: bytes) -> Message:
+    """Parse and validate a message file's bytes.
+
+    Raises:
+        MessageError: not UTF-8 JSON, not an object, or a field missing or of the wrong type.
+    """
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MessageError(f"not UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MessageError("not a JSON object")
+    mid = obj.get("id")
+    if not isinstance(mid, str) or not _ID.match(mid):
+        raise MessageError("id: required, 1-128 of letters, digits and ._:@+- "
+                           "(starting with a letter or digit)")
+    sender = obj.get("from")
+    if not isinstance(sender, dict) or sender.get("kind") not in (HUMAN, AGENT):
+        raise MessageError('from: required, {"kind": "human"|"agent", "name": ...}')
+    name = sender.get("name")
+    if not isinstance(name, str) or not name:
+        raise MessageError("from.name: required, a non-empty string")
+    channel = obj.get("channel")
+    if channel is not None and not isinstance(channel, str):
+        raise MessageError("channel: must be a string")
+    if sender["kind"] == HUMAN and not channel:
+        raise MessageError("channel: required for a message from a human (where to reply)")
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise MessageError("text: required, a string")
+    reply_to = obj.get("reply_to")
+    if reply_to is not None and not isinstance(reply_to, str):
+        raise MessageError("reply_to: must be a string or null")
+    return Message(id=mid, sender_kind=sender["kind"], sender_name=name, channel=channel or None,
+                   text=text, reply_to=reply_to, raw=obj)
+
+
+def _is_message_name(name: str) -> bool:
+    return name.endswith(".json") and not name.startswith(".")
+
+
+class Spool:
+    """The inbox and the directories messages move through (``AgentPaths`` layout)."""
+
+    def __init__(self, inbox: Path, processing: Path, done: Path, failed: Path) -> None:
+        self.inbox, self.processing = Path(inbox), Path(processing)
+        self.done, self.failed = Path(done), Path(failed)
+
+    def _listed(self, directory: Path) -> list[Path]:
+        entries = []
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    if _is_message_name(entry.name) and entry.is_file(follow_symlinks=False):
+                        try:
+                            entries.append((entry.stat(follow_symlinks=False).st_mtime_ns,
+                                            entry.name))
+                        except FileNotFoundError:
+                            continue
+        except FileNotFoundError:
+            return []
+        return [directory / name for _, name in sorted(entries)]
+
+    def pending(self) -> list[Path]:
+        """Inbox messages, oldest first."""
+        return self._listed(self.inbox)
+
+    def in_processing(self) -> list[Path]:
+        """Messages claimed but not finished (left by a stopped runner), oldest first."""
+        return self._listed(self.processing)
+
+    def claim(self, path: Path) -> Path | None:
+        """Move an inbox message into ``processing/``; ``None`` if it is gone already."""
+        dest = self.processing / path.name
+        if os.path.lexists(dest):
+            dest = _free_name(self.processing, path.name)
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return None
+        _sync_dir(self.processing)
+        return dest
+
+    def finish(self, path: Path, ok: bool) -> Path:
+        """Move a processing message to ``done/`` (``ok``) or ``failed/``; return where."""
+        directory = self.done if ok else self.failed
+        dest = _free_name(directory, path.name)
+        os.rename(path, dest)
+        _sync_dir(directory)
+        return dest
+
+
+def _free_name(directory: Path, name: str) -> Path:
+    dest = directory / name
+    stem = name[:-5] if name.endswith(".json") else name
+    n = 1
+    while os.path.lexists(dest):
+        dest = directory / f"{stem}.{n}.json"
+        n += 1
+    return dest
+
+
+def _sync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,76 @@
+"""The token ledger: one JSON line per model turn in ``<state>/ledger.jsonl``.
+
+A *model turn*, as the runner sees it, is one run of the agent command (an agent CLI may talk
+to its model several times inside it; if it reports that, it is in ``usage``). Each line::
+
+    {
+      "schema_version": 1,
+      "time": "2026-11-30T01:38:57.332Z",       when the turn ended
+      "agent": "concierge", "host": "alpha", "model": "..." | null,
+      "task": "m-17", "attempt": 2, "run": "m-17/2",
+      "prefix_tokens": {"role_prompt": 41, "skills_index": 30, "cli_index": 28},
+      "prefix_tokens_total": 99,
+      "task_prompt_tokens": 120,
+      "token_counter": "bytes/4-estimate",      how the numbers above were made
+      "tokens_exact": false,                     they are estimates, never exact counts
+      "usage": {...} | null,                     as reported by the agent command, verbatim
+      "usage_source": "agent-command" | null,
+      "duration_s": 12.3 | null,                 null for a turn cut short by a runner crash
+      "outcome": "exited with status 0",
+      "interrupted": false                       true: written on restart for a cut-short turn
+    }
+
+``usage`` comes from the agent command's stdout: if its last non-empty line is a JSON object
+with a ``"usage"`` object (``{"usage": {"input_tokens": ..., ...}}``, or a larger object
+that contains one, as ``claude -p --output-format json`` prints), that object is recorded as is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fleet_runner.records import SCHEMA_VERSION, now_iso
+from fleet_runner.tokens import TOKEN_COUNTER
+
+USAGE_SCAN_BYTES = 65_536
+"""How much of the end of stdout is read to find the usage line, in bytes."""
+
+
+def parse_usage(stdout_path: Path) -> dict[str, Any] | None:
+    """The ``usage`` object from the last non-empty stdout line, or ``None``."""
+    try:
+        size = os.path.getsize(stdout_path)
+        with open(stdout_path, "rb") as fh:
+            fh.seek(max(0, size - USAGE_SCAN_BYTES))
+            data = fh.read()
+    except OSError:
+        return None
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    try:
+        obj = json.loads(lines[-1])
+    except ValueError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def ledger_record(*, agent: str, host: str | None, model: str | None, task: str, attempt: int,
+                  run: str, prefix_tokens: dict[str, int], task_prompt_tokens: int,
+                  usage: dict[str, Any] | None, duration_s: float | None, outcome: str,
+                  interrupted: bool = False) -> dict[str, Any]:
+    """One ledger line (fields in the module docstring)."""
+    return {
+        "schema_version": SCHEMA_VERSION, "time": now_iso(), "agent": agent, "host": host,
+        "model": model, "task": task, "attempt": attempt, "run": run,
+        "prefix_tokens": dict(prefix_tokens), "prefix_tokens_total": sum(prefix_tokens.values()),
+        "task_prompt_tokens": task_prompt_tokens, "token_counter": TOKEN_COUNTER,
+        "tokens_exact": False, "usage": usage,
+        "usage_source": "agent-command" if usage is not None else None,
+        "duration_s": round(duration_s, 3) if duration_s is not None else None,
+        "outcome": outcome, "interrupted": interrupted,
+    }

@@ -1,0 +1,444 @@
+"""The outer loop: take one message, attempt the task, verify, retry or finish, never silently.
+
+For each message, oldest first, one at a time:
+
+1. claim it (``inbox/ → processing/``) and read it; an invalid message is moved to ``failed/``
+   and escalated; a message whose id already finished is moved to ``failed/`` as a duplicate;
+2. pin the release (``current`` resolved once), read the agent's config, snapshot the
+   workspace once per task (the baseline, kept across restarts);
+3. for attempt 1 .. ``max_retries + 1``: build the prefix and the task prompt, run the agent
+   command, snapshot, write the ledger line, then either stop at once on a permission denial or
+   run every gate and write the run record; a pass finishes the task;
+4. when the last attempt failed: escalate through notify (task, failed verifications, last
+   failure), clear the task (``processing/ → failed/``), and go on with the next message.
+
+The sentinel (:mod:`fleet_runner.progress`) makes each step resumable; a runner started with a
+message left in ``processing/`` finishes it first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet_runner import evidence, gates
+from fleet_runner.config import AgentConfig, ConfigError, load_config
+from fleet_runner.escalate import escalate
+from fleet_runner.inbox import Message, MessageError, Spool, parse_message
+from fleet_runner.invoke import (kill_stale_group, process_start_ticks, reap_orphans,
+                                 run_in_group)
+from fleet_runner.ledger import ledger_record, parse_usage
+from fleet_runner.paths import AgentPaths
+from fleet_runner.prefix import PrefixError, build_prefix
+from fleet_runner.progress import FINISHED, INTERRUPTED, RUNNING, TaskProgress
+from fleet_runner.prompt import build_task_prompt
+from fleet_runner.records import (SCHEMA_VERSION, append_jsonl, now_iso, read_json, tail_text,
+                                  write_json_atomic)
+from fleet_runner.snapshot import diff_snapshots, take_snapshot
+from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
+
+PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
+GAVE_UP = "gave-up"
+CHANGES_LISTED_MAX = 200
+"""At most this many paths per kind of change in a run record."""
+
+
+class RunnerError(Exception):
+    """The runner cannot work for this agent (bad config, broken release); exit 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """Knobs that are not part of the agent's config.
+
+    Attributes:
+        kill_grace_s: seconds between SIGTERM and SIGKILL when a group is ended (default 5).
+        check_timeout_s: wall-clock seconds for the check command (default 300).
+        poll_s: seconds between looks at an empty inbox (default 1).
+    """
+
+    kill_grace_s: float = 5.0
+    check_timeout_s: float = 300.0
+    poll_s: float = 1.0
+
+
+def _log(agent: str, text: str) -> None:
+    print(f"fleet-runner[{agent}]: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Task:
+    """Everything one task's attempts share."""
+
+    message: Message
+    path: Path
+    progress: TaskProgress
+    config: AgentConfig
+    release: Path
+    dir: Path
+    baseline: dict[str, str]
+
+
+class Runner:
+    """Serves one agent's inbox (see the module docstring)."""
+
+    def __init__(self, paths: AgentPaths, options: RunnerOptions = RunnerOptions(),
+                 log: Callable[[str, str], None] = _log) -> None:
+        self.paths = paths
+        self.options = options
+        self.spool = Spool(paths.inbox, paths.processing, paths.done, paths.failed)
+        self.stop_reason: str | None = None
+        self._log = log
+
+    def log(self, text: str) -> None:
+        """One line on stderr (the journal)."""
+        self._log(self.paths.agent, text)
+
+    def request_stop(self) -> None:
+        """Stop soon: the running attempt's group is ended and the task stays in processing/."""
+        self.stop_reason = "shutdown"
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Finish what a stopped runner left in ``processing/``; return how many."""
+        count = 0
+        for path in self.spool.in_processing():
+            if self.stop_reason:
+                break
+            self.log(f"resuming {path.name} left in processing/")
+            self.process(path)
+            count += 1
+        return count
+
+    def step(self) -> bool:
+        """Take the oldest inbox message and process it; ``False`` if the inbox is empty."""
+        for path in self.spool.pending():
+            claimed = self.spool.claim(path)
+            if claimed is not None:
+                self.process(claimed)
+                return True
+        return False
+
+    def serve(self, once: bool = False, release_changed: Callable[[], bool] | None = None) -> str:
+        """Recover, then process messages until stopped.
+
+        Args:
+            once: return ``"drained"`` when the inbox is empty instead of waiting.
+            release_changed: polled between tasks; when true, return ``"release-changed"``
+                so the caller can start the new release's runner.
+
+        Returns:
+            ``"drained"``, ``"stopped"`` or ``"release-changed"``.
+
+        Raises:
+            RunnerError: the config or the release is broken (the message stays in processing/).
+        """
+        self.recover()
+        while not self.stop_reason:
+            if self.step():
+                continue
+            if once:
+                return "drained"
+            if release_changed is not None and release_changed():
+                return "release-changed"
+            deadline = time.monotonic() + self.options.poll_s
+            while not self.stop_reason and time.monotonic() < deadline:
+                time.sleep(min(0.1, self.options.poll_s))
+        return "stopped"
+
+    # -- one task -------------------------------------------------------------------------
+
+    def process(self, path: Path) -> str:
+        """Process one message in ``processing/`` to its end (or until a stop request).
+
+        Returns:
+            ``"pass"``, ``"gave-up"``, ``"denied"``, ``"invalid"``, ``"duplicate"`` or
+            ``"stopped"`` (left in processing/ for the next start).
+
+        Raises:
+            RunnerError: the config or release is broken.
+        """
+        try:
+            message = parse_message(path.read_bytes())
+        except (MessageError, OSError) as exc:
+            return self._invalid(path, str(exc))
+        task_dir = self.paths.runs / message.id
+        os.makedirs(task_dir, mode=0o700, exist_ok=True)
+        try:
+            progress = TaskProgress.load(task_dir / "progress.json", message.id, path.name)
+        except ValueError as exc:
+            raise RunnerError(f"{task_dir / 'progress.json'}: unreadable sentinel: {exc}") from None
+        if progress.final and progress.final.get("moved"):
+            dest = self.spool.finish(path, ok=False)
+            self.log(f"task {message.id}: duplicate of a finished task, moved to {dest}")
+            return "duplicate"
+        task = self._open_task(message, path, progress, task_dir)
+        if progress.final:
+            return self._complete(task)
+        if progress.running:
+            self._mark_interrupted(task)
+        max_attempts = task.config.max_retries + 1
+        while progress.next_attempt <= max_attempts:
+            if self.stop_reason:
+                return STOPPED
+            verdict = self._attempt(task, progress.next_attempt, max_attempts)
+            if verdict == STOPPED:
+                return STOPPED
+            if verdict in (PASSED, DENIED):
+                return self._decide(task, PASSED if verdict == PASSED else DENIED)
+        return self._decide(task, GAVE_UP)
+
+    def _open_task(self, message: Message, path: Path, progress: TaskProgress,
+                   task_dir: Path) -> _Task:
+        release = Path(os.path.realpath(self.paths.release))
+        config_path = Path(self.paths.config)
+        try:
+            config_path = release / config_path.relative_to(self.paths.release)
+        except ValueError:
+            pass  # a config given outside the release
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            raise RunnerError(str(exc)) from None
+        baseline_path = task_dir / "baseline.json"
+        baseline = read_json(baseline_path)
+        if not isinstance(baseline, dict):
+            baseline = take_snapshot(self.paths.workspace)
+            write_json_atomic(baseline_path, baseline)
+        if not progress.attempts:
+            progress.save()
+        return _Task(message, path, progress, config, release, task_dir, baseline)
+
+    def _mark_interrupted(self, task: _Task, write_ledger: bool = True) -> None:
+        """Record the attempt left running as interrupted, killing what is left of its group."""
+        entry = task.progress.running
+        assert entry is not None
+        killed = False
+        if entry.get("pid"):
+            killed = kill_stale_group(int(entry["pid"]), entry.get("proc_start"))
+        entry.update(state=INTERRUPTED, verdict=INTERRUPTED, ended=now_iso(),
+                     stale_group_killed=killed)
+        n = entry["attempt"]
+        write_json_atomic(task.dir / f"attempt-{n}.json", {
+            "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": task.message.id,
+            "attempt": n, "run": entry["run"], "release": entry.get("release"),
+            "started": entry.get("started"), "finished": None, "verdict": INTERRUPTED,
+            "gates": [], "failed_gates": [], "stale_group_killed": killed,
+            "note": "the runner stopped during this attempt; it counts against max_retries"})
+        if write_ledger:  # the turn's line was never written: the runner stopped before it
+            append_jsonl(self.paths.ledger, ledger_record(
+                agent=self.paths.agent, host=task.config.host, model=task.config.model,
+                task=task.message.id, attempt=n, run=entry["run"],
+                prefix_tokens=entry.get("prefix_tokens", {}),
+                task_prompt_tokens=entry.get("task_prompt_tokens", 0), usage=None,
+                duration_s=None, outcome="interrupted by a runner stop", interrupted=True))
+        task.progress.save()
+        self.log(f"task {task.message.id} attempt {n}: interrupted by a runner stop "
+                 f"(left-over process group killed: {killed})")
+
+    def _agent_env(self, task: _Task, attempt: int, run: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        bins = [os.fspath(task.release / "skills" / s / "bin") for s in task.config.skills]
+        env["PATH"] = os.pathsep.join(bins + [env.get("PATH", os.defpath)])
+        env.update(
+            FLEET_AGENT=self.paths.agent, FLEET_TASK_ID=task.message.id, FLEET_RUN_ID=run,
+            FLEET_ATTEMPT=str(attempt), FLEET_WORKSPACE=os.fspath(self.paths.workspace),
+            FLEET_RELEASE=os.fspath(task.release), FLEET_OUTBOX=os.fspath(self.paths.outbox),
+            FLEET_NOTIFY_SPOOL=os.fspath(self.paths.notify),
+            FLEET_SENDS_LOG=os.fspath(self.paths.sends_log),
+            FLEET_DENIALS_LOG=os.fspath(self.paths.denials_log))
+        if task.message.channel:
+            env["FLEET_CHANNEL"] = task.message.channel
+        if task.config.model:
+            env["FLEET_MODEL"] = task.config.model
+        return env
+
+    def _attempt(self, task: _Task, n: int, max_attempts: int) -> str:
+        """Run attempt ``n``; return ``"pass"``, ``"fail"``, ``"denied"`` or ``"stopped"``."""
+        message, config, progress = task.message, task.config, task.progress
+        run = f"{message.id}/{n}"
+        try:
+            argv = config.argv()
+            prefix = build_prefix(config.prompt, config.skills, task.release / "skills")
+        except (ConfigError, PrefixError) as exc:
+            raise RunnerError(str(exc)) from None
+        previous = progress.attempts[-1] if progress.attempts else None
+        failed_gates = [gates.GateResult(g["name"], gates.FAIL, g["summary"], g.get("output", ""))
+                        for g in (previous or {}).get("failed_gates", [])]
+        sends_before = evidence.sends_for_task(self.paths.sends_log, message.id)
+        task_prompt = build_task_prompt(
+            message, n, max_attempts, replied=len(sends_before),
+            interrupted=bool(previous and previous.get("state") == INTERRUPTED),
+            failed_gates=failed_gates, failed_attempt=previous["attempt"] if previous else None)
+        full_prompt = prefix.text + "\n\n" + task_prompt
+        (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
+        prefix_tokens = prefix.tokens(count_tokens)
+        entry: dict[str, Any] = {
+            "attempt": n, "run": run, "state": RUNNING, "started": now_iso(),
+            "release": os.fspath(task.release), "prefix_tokens": prefix_tokens,
+            "task_prompt_tokens": count_tokens(task_prompt), "token_counter": TOKEN_COUNTER}
+        progress.attempts.append(entry)
+        progress.save()
+
+        def on_start(pid: int) -> None:
+            entry.update(pid=pid, proc_start=process_start_ticks(pid))
+            progress.save()
+
+        watch = evidence.DenialWatch(self.paths.denials_log, run)
+
+        def should_stop() -> str | None:
+            return self.stop_reason or watch()
+
+        started = time.monotonic()
+        inv = run_in_group(
+            argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
+            env=self._agent_env(task, n, run), timeout_s=config.timeout_s,
+            kill_grace_s=self.options.kill_grace_s,
+            stdout_path=task.dir / f"attempt-{n}.stdout",
+            stderr_path=task.dir / f"attempt-{n}.stderr", on_start=on_start,
+            should_stop=should_stop)
+        reap_orphans()
+        append_jsonl(self.paths.ledger, ledger_record(
+            agent=self.paths.agent, host=config.host, model=config.model, task=message.id,
+            attempt=n, run=run, prefix_tokens=prefix_tokens,
+            task_prompt_tokens=entry["task_prompt_tokens"],
+            usage=parse_usage(inv.stdout_path), duration_s=inv.duration_s,
+            outcome=inv.describe(), interrupted=inv.stopped == "shutdown"))
+        if inv.stopped == "shutdown":
+            self._mark_interrupted(task, write_ledger=False)
+            return STOPPED
+
+        changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
+        denials = evidence.denials_for_run(self.paths.denials_log, run)
+        denied = bool(denials) or inv.exit_status == evidence.DENIED_EXIT_STATUS
+        if denied and not denials:
+            denials = [{"cli": "(agent command)", "what": "the agent command exited with "
+                        f"status {evidence.DENIED_EXIT_STATUS} (permission refused)"}]
+        gates_started = time.monotonic()
+        if denied:
+            # Stop at once: no verification, no retry.
+            results = [gates.run_gate(inv)]
+            verdict = DENIED
+        else:
+            results = [
+                gates.run_gate(inv),
+                gates.check_gate(config.check, self.paths.workspace, changes.touched,
+                                 timeout_s=self.options.check_timeout_s,
+                                 kill_grace_s=self.options.kill_grace_s,
+                                 output_path=task.dir / f"attempt-{n}.check.out",
+                                 env={**os.environ, "FLEET_WORKSPACE":
+                                      os.fspath(self.paths.workspace)},
+                                 should_stop=lambda: self.stop_reason),
+                gates.anti_silence_gate(message.human, message.id, message.channel,
+                                        evidence.sends_for_task(self.paths.sends_log, message.id)),
+            ]
+            reap_orphans()
+            if self.stop_reason:  # stopped while verifying: the attempt is redone next start
+                self._mark_interrupted(task, write_ledger=False)
+                return STOPPED
+            verdict = FAILED if any(r.failed for r in results) else PASSED
+        finished = time.monotonic()
+        failed = [r for r in results if r.failed]
+        write_json_atomic(task.dir / f"attempt-{n}.json", {
+            "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": message.id,
+            "from": {"kind": message.sender_kind, "name": message.sender_name},
+            "attempt": n, "max_attempts": max_attempts, "run": run,
+            "release": os.fspath(task.release), "started": entry["started"],
+            "finished": now_iso(), "verdict": verdict,
+            "durations": {"agent_s": round(inv.duration_s, 3),
+                          "gates_s": round(finished - gates_started, 3),
+                          "total_s": round(finished - started, 3)},
+            "invocation": inv.to_json(),
+            "changes": {k: v[:CHANGES_LISTED_MAX] for k, v in changes.to_json().items()},
+            "change_counts": {k: len(v) for k, v in changes.to_json().items()},
+            "gates": [r.to_json() for r in results], "failed_gates": [r.name for r in failed],
+            "denials": denials,
+            "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
+                      "stderr": f"attempt-{n}.stderr"}})
+        entry.update(state=FINISHED, verdict=verdict, ended=now_iso(),
+                     failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output}
+                                   for r in failed],
+                     denials=denials)
+        progress.save()
+        self.log(f"task {message.id} attempt {n}/{max_attempts}: {verdict}"
+                 + "".join(f"; {r.name}: {r.summary}" for r in failed))
+        return verdict
+
+    # -- the end of a task ----------------------------------------------------------------
+
+    def _decide(self, task: _Task, outcome: str) -> str:
+        attempts = task.progress.attempts
+        failures = sum(1 for a in attempts if a.get("verdict") in (FAILED, INTERRUPTED))
+        last = attempts[-1] if attempts else {}
+        final: dict[str, Any] = {"outcome": outcome, "decided": now_iso(),
+                                 "attempts": len(attempts), "failed_verifications": failures,
+                                 "escalated": False}
+        if outcome == GAVE_UP:
+            if last.get("verdict") == INTERRUPTED:
+                last_failure = "the attempt was interrupted by a runner stop"
+                detail = ""
+            else:
+                last_failure = "; ".join(f"{g['name']}: {g['summary']}"
+                                         for g in last.get("failed_gates", []))
+                detail = "\n\n".join(f"[{g['name']}]\n{g.get('output', '')}"
+                                     for g in last.get("failed_gates", []))
+            final["reason"] = (
+                f"Task {task.message.id} ({task.config.agent}) gave up after {failures} failed "
+                f"verification(s) in {len(attempts)} attempt(s) (max_retries="
+                f"{task.config.max_retries}). Last failure (attempt {last.get('attempt')}): "
+                f"{last_failure}")
+            final["detail"] = detail
+        elif outcome == DENIED:
+            blocked = "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
+                                + (f" ({d['detail']})" if d.get("detail") else "")
+                                for d in last.get("denials", []))
+            final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
+                               f"denied on attempt {last.get('attempt')}: {blocked}. Not retried.")
+            final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)
+            final["blocked"] = last.get("denials", [])
+        task.progress.final = final
+        task.progress.save()
+        return self._complete(task)
+
+    def _complete(self, task: _Task) -> str:
+        """Escalate if needed and not done yet, write the result, move the message."""
+        progress, final = task.progress, task.progress.final
+        assert final is not None
+        outcome = final["outcome"]
+        if outcome != PASSED and not final.get("escalated"):
+            final["escalation"] = escalate(
+                release=task.release, spool=self.paths.notify, env=os.environ,
+                agent=self.paths.agent, task=task.message.id, kind=outcome,
+                failures=final.get("failed_verifications", 0), reason=final.get("reason", ""),
+                detail=final.get("detail", ""))
+            final["escalated"] = True
+            progress.save()
+            self.log(f"task {task.message.id}: {outcome}; escalated "
+                     f"via {final['escalation']['via']}")
+        write_json_atomic(task.dir / "result.json", {
+            "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": task.message.id,
+            "outcome": outcome, "attempts": final.get("attempts"),
+            "failed_verifications": final.get("failed_verifications"),
+            "reason": final.get("reason"), "escalation": final.get("escalation"),
+            "decided": final.get("decided")})
+        dest = self.spool.finish(task.path, ok=outcome == PASSED)
+        final.update(moved=True, moved_to=os.path.relpath(dest, self.paths.state))
+        progress.save()
+        return outcome
+
+    def _invalid(self, path: Path, why: str) -> str:
+        # Escalate before the move: after a crash in between, a person may hear twice, never
+        # not at all.
+        escalate(release=Path(os.path.realpath(self.paths.release)), spool=self.paths.notify,
+                 env=os.environ, agent=self.paths.agent, task=path.name[:-5], kind="invalid",
+                 failures=0, reason=f"inbox message {path.name} is invalid ({why}); it was not "
+                 f"run and is in failed/", detail="")
+        dest = self.spool.finish(path, ok=False)
+        self.log(f"{path.name}: invalid message ({why}); moved to {dest}")
+        return "invalid"

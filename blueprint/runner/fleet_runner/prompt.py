@@ -1,0 +1,67 @@
+"""The task prompt: what follows the prefix on stdin for one attempt.
+
+Its parts, in order: the task header (id, attempt of how many, sender, channel, reply-to); the
+message text; for a task from a human that has no recorded reply yet, the anti-silence
+instruction (the final text is not delivered; the reply must be sent with the reply CLI); a note
+when an earlier attempt was interrupted by a runner restart; and, after a failed verification,
+the failed gates' raw output ("fix exactly this").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleet_runner.gates import GateResult
+from fleet_runner.inbox import Message
+from fleet_runner.records import head_text
+
+FEEDBACK_MAX_BYTES = 16_000
+"""Raw gate output fed back per failed gate, in bytes."""
+
+
+def anti_silence_instruction(task: str, channel: str | None) -> str:
+    """The explicit instruction added for an unanswered human message."""
+    return ("IMPORTANT: a person is waiting for an answer. Your final text is NOT delivered to "
+            "anyone: the person sees only what you send with the reply CLI. Send your answer "
+            f"with: reply --task {task} --channel {channel} TEXT")
+
+
+def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
+                      replied: int = 0, interrupted: bool = False,
+                      failed_gates: Sequence[GateResult] = (),
+                      failed_attempt: int | None = None) -> str:
+    """Build the task prompt of one attempt.
+
+    Args:
+        message: the task's message.
+        attempt: this attempt's number (1-based).
+        max_attempts: ``max_retries + 1``.
+        replied: sends already recorded for the task.
+        interrupted: the previous attempt was cut short by a runner restart.
+        failed_gates: the previous attempt's failed gates (empty on a first attempt).
+        failed_attempt: the number of the attempt they belong to.
+    """
+    sender = f"{message.sender_kind} {message.sender_name}"
+    where = f" in channel {message.channel}" if message.channel else ""
+    parts = [f"## Task {message.id} (attempt {attempt} of {max_attempts})",
+             f"From: {sender}{where}"
+             + (f" (in reply to {message.reply_to})" if message.reply_to else ""),
+             "Message:\n" + message.text]
+    if message.human and not replied:
+        parts.append(anti_silence_instruction(message.id, message.channel))
+    elif message.human:
+        parts.append(f"You have already sent {replied} reply(ies) for this task with the reply "
+                     "CLI; send another only if the person needs to know something new.")
+    if interrupted:
+        parts.append("NOTE: the previous attempt of this task was interrupted (the runner "
+                     "restarted). The workspace may hold its partial work: look at it and finish "
+                     "the task from there rather than starting over.")
+    if failed_gates:
+        lines = [f"## Verification failed on attempt {failed_attempt}",
+                 "You finished but verification failed: fix exactly this."]
+        for gate in failed_gates:
+            lines.append(f"### gate {gate.name}: {gate.summary}")
+            if gate.output:
+                lines.append(head_text(gate.output, FEEDBACK_MAX_BYTES))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
