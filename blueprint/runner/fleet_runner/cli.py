@@ -13,6 +13,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if not _AGENT_NAME.match(args.agent):
+        print(f"fleet-runner: --agent {args.agent!r}: letters, digits, '.', '_' or '-' (as in "
+              "the inventory)", file=sys.stderr)
+        return EXIT_ERROR
     if not args.root:
         print("fleet-runner: --root is required (or set FLEET_ROOT)", file=sys.stderr)
         return EXIT_ERROR

@@ -30,15 +30,20 @@ from fleet_runner import evidence, gates
 from fleet_runner.config import AgentConfig, ConfigError, load_config
 from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message
-from fleet_runner.invoke import (kill_stale_group, process_start_ticks, reap_orphans,
-                                 run_in_group)
+from fleet_runner.invoke import kill_stale_group, process_start_ticks, reap_orphans, run_in_group
 from fleet_runner.ledger import ledger_record, parse_usage
 from fleet_runner.paths import AgentPaths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.progress import FINISHED, INTERRUPTED, RUNNING, TaskProgress
 from fleet_runner.prompt import build_task_prompt
-from fleet_runner.records import (SCHEMA_VERSION, append_jsonl, now_iso, read_json, tail_text,
-                                  write_json_atomic)
+from fleet_runner.records import (
+    SCHEMA_VERSION,
+    append_jsonl,
+    now_iso,
+    read_json,
+    tail_text,
+    write_json_atomic,
+)
 from fleet_runner.snapshot import diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 
