@@ -678,3 +678,35 @@ def test_failed_ship_leaves_no_partial_record(tmp_path, mount_tmpfs, sshd_pool, 
         assert run.code == 2, run.stdout + run.stderr
         assert (leave, target, releases, records) == (
             leave, f"releases/{old}", [old], [f"{old}.json"])
+
+
+def test_ssh_agent_key_is_used_when_the_inventory_names_none(tmp_path, sshd_pool, ssh_client_key,
+                                                             ssh_known_hosts, monkeypatch):
+    """With no identity_file and no key in ~/.ssh, the key held by a real ssh-agent logs in (as
+    fabric and OpenSSH do); without the agent the same inventory cannot authenticate."""
+    box = sshd_pool[1]
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(ssh_client_key.private_key)], env=env, check=True,
+                       capture_output=True)
+        root = tmp_path / "host-root"
+        bp = project(tmp_path)
+        spec = {"transport": "ssh", "address": "127.0.0.1", "port": box.port, "user": "root",
+                "known_hosts": str(ssh_known_hosts), "root": str(root),
+                "agents": {"w1": {"role": "worker"}}}
+        inv = write_inventory(tmp_path / "inv.yaml", {"viaagent": spec})
+        without = drift(inv, bp)
+        assert without.code == 2 and without.host("viaagent")["status"] == "error"
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        run = ship(inv, bp)
+        assert run.code == 0, run.stdout + run.stderr
+        assert live_tree(root) == expected_tree(RUNNER)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=5)
