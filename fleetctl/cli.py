@@ -217,12 +217,22 @@ def ship(
                 selected, lambda h: ship_host(bp, h, ShipOptions(force=force, dry_run=True), p),
                 parallel, p))
             print_text(err, plans, "ship plan")
-            todo = [p for p in plans if p.status == "dry-run"]
-            if not todo:
+            # Changes to confirm: a new release, or runner unit files to write or remove. A
+            # systemd host with neither is still shipped (its units enabled and started, which
+            # changes nothing that is running), without asking.
+            todo = [p for p in plans if p.status == "dry-run"
+                    or (p.status == "no-op" and p.services and p.services.changes_files)]
+            units_only = [p for p in plans if p.status == "no-op" and p.services is not None]
+            if not todo and not units_only:
                 return _report(plans, "ship", fmt, target, debug) if fmt is not Format.text \
                     else worst_exit([p.exit_code for p in plans])
             count = sum(len(p.changes) for p in todo)
-            if not typer.confirm(f"Ship {count} change(s) to {len(todo)} host(s)?", err=True):
+            unit_count = sum(len(p.services.installed) + len(p.services.removed)
+                             for p in todo if p.services)
+            question = f"Ship {count} change(s)" + (
+                f" and {unit_count} runner unit file change(s)" if unit_count else "") + \
+                f" to {len(todo)} host(s)?"
+            if todo and not typer.confirm(question, err=True):
                 for p in todo:
                     p.status, p.error = "declined", "not confirmed; nothing was written"
                 err.print("nothing shipped")

@@ -79,6 +79,9 @@ class LiveState:
         live: the live manifest of ``<root>/current``.
         unreadable: nodes the scan could not read; any makes the scan incomplete.
         warnings: what the host noticed but could work around (an unusable release record).
+        units: for a request that asked (a dry run on a systemd host), the host's answer about
+            the runners' units: ``install`` and ``remove`` (unit names), ``problem`` and
+            ``kind`` (why the services step would fail, or ``None``); otherwise ``None``.
     """
 
     user: str = ""
@@ -91,6 +94,7 @@ class LiveState:
     live: Manifest = field(default_factory=Manifest)
     unreadable: list[Unreadable] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    units: dict[str, Any] | None = None
 
     @property
     def owner(self) -> str:
@@ -227,6 +231,8 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             state.unreadable.append(Unreadable(event["path"], event["error"]))
         elif kind == "warning":
             state.warnings.append(event["message"])
+        elif kind == "units":
+            state.units = event
         elif kind == "hello":
             state.user, state.group = event["user"], event["group"]
         elif kind == "state":

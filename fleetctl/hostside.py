@@ -13,8 +13,12 @@ name, newline included, survives. Events:
 - ``{"t": "state", "root_exists", "current", "current_kind", "releases", "shipped"}``
 - ``{"t": "entry", ...manifest entry...}``, ``{"t": "shipped", ...}``,
   ``{"t": "unreadable", "path", "error"}``
+- ``{"t": "units", "install", "remove", "problem", "kind"}`` before ``scan-end`` when the
+  request carries ``unit_dir`` (a dry run's read-only look at the runners' systemd units)
 - ``{"t": "scan-end", "entries", "digest"}`` then, for a ship, after the command:
-  ``{"t": "step", "name"}`` ... ``{"t": "done", "release", "pruned"}``
+  ``{"t": "step", "name"}`` ... ``{"t": "done", "release", "pruned"}``; a command with
+  ``units`` also gets ``{"t": "services", "installed", "removed", "restarted", "started"}``
+  at the end of its ``services`` step, also when that step fails
 - ``{"t": "error", "step", "kind", "message", "path"}`` (kind: ``locked``, ``changed``,
   ``permission``, ``layout``, ``failed``); the process then exits non-zero.
 
@@ -38,10 +42,14 @@ import pwd
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import time
 
 CHUNK_BYTES = 1 << 20
+SYSTEMCTL_TIMEOUT_S = 60
+UNIT_PREFIX = b"fleet-runner-"
+UNIT_SUFFIX = b".service"
 RECORD_SCHEMA = 1
 STATE_DIR = ".fleetctl"
 
@@ -609,6 +617,15 @@ def is_ignored(ignore, entry):
 
 def do_ship(root, request, state, scanned, lock_fd):
     command = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+    if command.get("cmd") == "services":
+        # Nothing to ship, but the runners' units are brought in line (under the lock).
+        if lock_fd is None:
+            raise Stop("services", "failed", "the root %s does not exist" % dec(root))
+        emit({"t": "step", "name": "services"})
+        flush()
+        services_step(command, restart_all=False)
+        emit({"t": "done", "release": None, "pruned": []})
+        return 0
     if command.get("cmd") != "ship":
         emit({"t": "done", "release": None, "pruned": []})
         return 0
@@ -631,6 +648,12 @@ def ship_locked(root, command, state, scanned):
     try:
         emit({"t": "step", "name": step})
         flush()
+        if command.get("units") is not None:
+            # A unit directory or systemctl that cannot work fails here, before anything is
+            # written, rather than in the services step after the switch.
+            problem = services_problem(command)
+            if problem:
+                raise Stop(step, problem[0], problem[1])
         for path in (os.path.join(root, enc(STATE_DIR)), releases_dir):
             if not os.path.isdir(path):
                 os.mkdir(path, 0o755)
@@ -690,6 +713,12 @@ def ship_locked(root, command, state, scanned):
     except OSError as exc:
         emit({"t": "warning", "message": "could not remove %s: %s" % (dec(blob_dir),
                                                                         os_error_text(exc))})
+    if command.get("units") is not None:
+        # Before the prune: the runners move to the new release before older releases go, and
+        # a failure here stops the ship with every release still on disk.
+        emit({"t": "step", "name": "services"})
+        flush()
+        services_step(command, restart_all=True)
     emit({"t": "step", "name": "prune"})
     try:
         pruned = prune(root, int(command.get("keep", 5)), release)
@@ -713,6 +742,172 @@ def cleanup(stage, blob_dir, root, release):
             pass
 
 
+# -- services ----------------------------------------------------------------------------------
+
+
+def is_runner_unit(name):
+    """Whether a file name in the unit directory is one of fleetctl's runner units."""
+    return name.startswith(UNIT_PREFIX) and name.endswith(UNIT_SUFFIX) and \
+        len(name) > len(UNIT_PREFIX) + len(UNIT_SUFFIX)
+
+
+def services_problem(command):
+    """Why the services step cannot work on this host: (kind, message), or None."""
+    unit_dir = enc(command["unit_dir"])
+    if not os.path.isdir(unit_dir):
+        return ("failed", "the unit directory %s does not exist (systemd_unit_dir in the "
+                "inventory)" % dec(unit_dir))
+    if not os.access(unit_dir, os.W_OK):
+        return ("permission", "cannot write the unit directory %s as %s"
+                % (dec(unit_dir), user_name(os.geteuid())))
+    if shutil.which(command["systemctl"]) is None:
+        return ("failed", "%s: command not found on the host (is this a systemd host? see "
+                "service: in the inventory)" % command["systemctl"])
+    return None
+
+
+def unit_digest(path):
+    """sha256 of a unit file if it is a regular file of mode 0644, else None (rewrite it)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
+    if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != 0o644:
+        return None
+    return file_digest(path)
+
+
+def unit_changes(unit_dir, wanted):
+    """Return (names to write, names to remove) for ``wanted`` (unit name -> sha256 digest)."""
+    install = [name for name in wanted
+               if unit_digest(os.path.join(unit_dir, enc(name))) != wanted[name]]
+    remove = sorted(dec(n) for n in os.listdir(unit_dir)
+                    if is_runner_unit(n) and dec(n) not in wanted)
+    return install, remove
+
+
+def probe_units(request):
+    """The read-only look a dry run takes: which units a ship would write and remove."""
+    event = {"t": "units", "install": [], "remove": [], "problem": None, "kind": None}
+    problem = services_problem(request)
+    if problem:
+        event["kind"], event["problem"] = problem
+        return event
+    try:
+        event["install"], event["remove"] = unit_changes(enc(request["unit_dir"]),
+                                                         request["units"])
+    except OSError as exc:
+        event["kind"] = "failed"
+        event["problem"] = "cannot read the unit directory %s: %s" % (
+            request["unit_dir"], os_error_text(exc))
+    return event
+
+
+def write_unit(unit_dir, name, data):
+    """Replace one unit file atomically: a temporary file in the same directory, renamed."""
+    final = os.path.join(unit_dir, enc(name))
+    tmp = os.path.join(unit_dir, b"." + enc(name) + b".tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        write_all(fd, data)
+        os.fchmod(fd, 0o644)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, final)
+
+
+def systemctl(command, *args):
+    """Run ``systemctl ARGS`` (an argv list, no shell); return None or what went wrong."""
+    argv = [command["systemctl"]] + list(args)
+    shown = " ".join(["systemctl"] + list(args))
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=SYSTEMCTL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "%s: no answer after %d s (ended)" % (shown, SYSTEMCTL_TIMEOUT_S)
+    except OSError as exc:
+        return "%s: cannot run %s: %s" % (shown, command["systemctl"], os_error_text(exc))
+    if done.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in done.stderr.decode("utf-8", "replace").splitlines()
+             if ln.strip()]
+    tail = " / ".join(lines[-3:])
+    if len(tail) > 600:
+        tail = "..." + tail[-600:]
+    return "%s exited with status %d%s" % (shown, done.returncode, ": " + tail if tail else "")
+
+
+def services_step(command, restart_all):
+    """Bring the runners' units in line with ``command["units"]`` (unit name -> text).
+
+    Writes the units that differ (content, mode 0644, or not a regular file), disables, stops
+    and removes ``fleet-runner-*.service`` files no agent wants, reloads systemd if a file
+    changed, then enables every wanted unit and restarts it (``restart_all``: a new release is
+    in use; otherwise only units whose file was written) or starts it (a running unit is left
+    alone). One failing systemctl command does not keep the other units from being handled;
+    all failures are reported together. The ``services`` event says what was done.
+    """
+    unit_dir = enc(command["unit_dir"])
+    units = command["units"]
+    wanted = dict((name, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest())
+                  for name, text in units.items())
+    done = {"t": "services", "installed": [], "removed": [], "restarted": [], "started": []}
+    failures = []
+    try:
+        problem = services_problem(command)
+        if problem:
+            raise Stop("services", problem[0], problem[1])
+        for name in os.listdir(unit_dir):  # left by an interrupted ship; we hold the lock
+            if name.startswith(b"." + UNIT_PREFIX) and name.endswith(UNIT_SUFFIX + b".tmp"):
+                os.unlink(os.path.join(unit_dir, name))
+        install, remove = unit_changes(unit_dir, wanted)
+        for name in install:
+            write_unit(unit_dir, name, units[name].encode("utf-8"))
+            done["installed"].append(name)
+        for name in remove:
+            # Disabled and stopped while its file still exists, then removed.
+            failure = systemctl(command, "disable", "--now", name)
+            if failure:
+                failures.append(failure)
+                continue
+            os.unlink(os.path.join(unit_dir, enc(name)))
+            done["removed"].append(name)
+        if done["installed"] or done["removed"]:
+            try:
+                fsync_dir(unit_dir)
+            except OSError:
+                pass
+            failure = systemctl(command, "daemon-reload")
+            if failure:  # systemd would act on stale unit definitions: go no further
+                raise Stop("services", "failed", "; ".join(failures + [failure]))
+        for name in units:
+            failure = systemctl(command, "enable", name)
+            if failure is None:
+                restart = restart_all or name in done["installed"]
+                failure = systemctl(command, "restart" if restart else "start", name)
+                if failure is None:
+                    done["restarted" if restart else "started"].append(name)
+            if failure:
+                failures.append(failure)
+        if failures:
+            raise Stop("services", "failed", "; ".join(failures))
+    except OSError as exc:
+        kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"
+        path = exc.filename
+        if isinstance(path, bytes):
+            path = dec(path)
+        raise Stop("services", kind, "%s: %s" % (exc.__class__.__name__, os_error_text(exc)),
+                   path)
+    finally:
+        emit(done)
+        flush()
+
+
 def main():
     request = json.loads(read_frame().decode("utf-8", "surrogateescape"))
     root = enc(request["root"])
@@ -727,6 +922,8 @@ def main():
             lock_fd = lock_root(root)
         state = read_state(root)
         emit(dict((k, v) for k, v in state.items() if not k.startswith("_")))
+        if request.get("unit_dir") is not None:
+            emit(probe_units(request))
         if request["op"] == "ship" and state["current_kind"] in ("dir", "other"):
             raise Stop("scan", "layout", layout_problem(root, state))
         scanned = scan(root, state)

@@ -50,7 +50,17 @@ class HostSettings(BaseModel):
     python: str | None = Field(default=None, pattern=r"^\S+$")
     owner: Owner | None = None
     keep_releases: int | None = Field(default=None, ge=1, strict=True)
+    service: Literal["none", "systemd"] | None = None
+    systemd_unit_dir: str | None = None
+    systemctl: str | None = Field(default=None, pattern=r"^\S+$")
     vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("systemd_unit_dir")
+    @classmethod
+    def _absolute_unit_dir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path on the host, got {value!r}")
+        return value
 
 
 class HostSpec(HostSettings):
@@ -107,6 +117,10 @@ class Host:
         python: the interpreter on the host that runs the host-side program.
         owner: ``"user:group"`` of managed entries, or ``None`` for the connecting user.
         keep_releases: how many releases to keep (current always kept); default 5.
+        service: ``none`` (fleetctl installs no service) or ``systemd`` (ship installs and
+            restarts one ``fleet-runner-<agent>.service`` unit per agent); default ``none``.
+        systemd_unit_dir: where ship writes the units; default ``/etc/systemd/system``.
+        systemctl: the ``systemctl`` command on the host (a name or an absolute path).
         vars: template variables for the host.
         agents: the host's agents in inventory order.
         timeout_s: seconds per connection and per host operation, or ``None`` for none.
@@ -123,6 +137,9 @@ class Host:
     python: str = "python3"
     owner: Owner | None = None
     keep_releases: int = 5
+    service: str = "none"
+    systemd_unit_dir: str = "/etc/systemd/system"
+    systemctl: str = "systemctl"
     vars: dict[str, Any] = field(default_factory=dict)
     agents: tuple[Agent, ...] = ()
     timeout_s: float | None = None
@@ -209,6 +226,9 @@ def load_inventory(path: Path, roles: set[str] | None = None) -> Inventory:
             python=pick("python") or "python3",
             owner=pick("owner"),
             keep_releases=pick("keep_releases") or 5,
+            service=pick("service") or "none",
+            systemd_unit_dir=pick("systemd_unit_dir") or "/etc/systemd/system",
+            systemctl=pick("systemctl") or "systemctl",
             vars=host_vars,
             agents=tuple(agents),
         ))

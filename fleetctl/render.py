@@ -26,7 +26,7 @@ import jinja2
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.errors import InputError
-from fleetctl.inventory import Host
+from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
 
 TEMPLATE_SUFFIX = ".j2"
@@ -100,6 +100,18 @@ def _context_for_host(host: Host) -> dict[str, Any]:
     agents = [{"name": a.name, "role": a.role, "vars": a.vars} for a in host.agents]
     return {**host.vars, "host": {"name": host.name, "address": host.address, "root": host.root,
                                   "vars": host.vars}, "agents": agents}
+
+
+def agent_context(blueprint: Blueprint, host: Host, agent: Agent) -> dict[str, Any]:
+    """The variables of a per-agent template (``agent.yaml.j2``, ``fleet-runner.service.j2``).
+
+    ``agent.vars`` already holds the host's vars with the agent's own on top; the structured
+    names come last so no var can hide them.
+    """
+    context = _context_for_host(host)
+    return {**agent.vars, "host": context["host"], "agents": context["agents"],
+            "agent": {"name": agent.name, "role": agent.role, "vars": agent.vars},
+            "role": blueprint.roles[agent.role].model_dump()}
 
 
 _UNDEFINED = re.compile(r"'([^']+)' is undefined")
@@ -208,13 +220,8 @@ def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
         raise InputError(f"{config_template}: cannot read the agent config template: "
                          f"{exc.strerror}") from None
     for agent in host.agents:
-        role = blueprint.roles[agent.role]
-        # agent.vars already holds the host's vars with the agent's own on top; the structured
-        # names come last so no var can hide them.
-        agent_context = {**agent.vars, "host": context["host"], "agents": context["agents"],
-                         "agent": {"name": agent.name, "role": agent.role, "vars": agent.vars},
-                         "role": role.model_dump()}
-        data = render_template(config_source, f"templates/{AGENT_CONFIG_TEMPLATE}", agent_context)
+        data = render_template(config_source, f"templates/{AGENT_CONFIG_TEMPLATE}",
+                               agent_context(blueprint, host, agent))
         base = f"agents/{agent.name}"
         b.add_dir("agents", None, None, "(agents)")
         b.add_dir(base, None, None, "(agents)")

@@ -67,7 +67,8 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
     if command == "ship":
         record.update({"previous": result.previous, "step": result.step,
                        "pruned": result.pruned, "sent_files": result.sent_files,
-                       "sent_bytes": result.sent_bytes})
+                       "sent_bytes": result.sent_bytes,
+                       "services": result.services.to_json() if result.services else None})
     record["warnings"] = [safe_text(w) for w in result.warnings]
     record["unreadable"] = []
     for u in result.unreadable:
@@ -110,6 +111,18 @@ _STATUS_STYLE = {"in-sync": "green", "drift": "yellow", "shipped": "green", "no-
                  "incomplete": "red"}
 
 
+def services_text(result: HostResult) -> str:
+    """``; units: installed ...; restarted ...`` for a systemd host, else ``""``."""
+    s = result.services
+    if s is None:
+        return ""
+    verbs = (("install", "installed", s.installed), ("remove", "removed", s.removed),
+             ("restart", "restarted", s.restarted), ("start", "started", s.started))
+    parts = [f"{'would ' + verb if result.dry_run else done} {', '.join(names)}"
+             for verb, done, names in verbs if names]
+    return "; units: " + ("; ".join(parts) if parts else "none wanted")
+
+
 def summary_line(result: HostResult) -> str:
     """A one-line, plain-text summary of a host's result."""
     n = len(result.changes)
@@ -118,20 +131,22 @@ def summary_line(result: HostResult) -> str:
     if result.status == "drift":
         origins = sorted({c.origin for c in result.changes})
         return f"{result.host}: {n} change(s) ({', '.join(origins)})"
+    units = services_text(result)
     if result.status == "shipped":
         return (f"{result.host}: shipped release {result.release} ({n} change(s); sent "
                 f"{result.sent_files} file(s), {result.sent_bytes} bytes; the rest copied on the "
-                f"host; pruned {len(result.pruned)})")
+                f"host; pruned {len(result.pruned)}){units}")
     if result.status == "no-op":
-        return f"{result.host}: nothing to ship; release {result.release} already matches"
+        return (f"{result.host}: nothing to ship; release {result.release} already "
+                f"matches{units}")
     if result.status == "dry-run":
         return (f"{result.host}: dry run: would apply {n} change(s) as a new release, sending "
-                f"{result.sent_files} file(s), {result.sent_bytes} bytes; nothing written")
+                f"{result.sent_files} file(s), {result.sent_bytes} bytes{units}; nothing written")
     where = f" [stopped at {result.step}]" if result.step else ""
     error = result.error or ""
     if error.startswith(result.host + ": "):
         error = error[len(result.host) + 2:]
-    return f"{result.host}: {result.status}{where}: {printable(error)}"
+    return f"{result.host}: {result.status}{where}: {printable(error)}{units}"
 
 
 def print_text(console: Console, results: list[HostResult], title: str) -> None:

@@ -23,6 +23,35 @@ STATUS_EXIT = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceActions:
+    """What a ship did (or, for a dry run, would do) to a systemd host's runner units.
+
+    Attributes:
+        installed: unit files written: new, or differing in content or mode.
+        removed: ``fleet-runner-*.service`` files no agent wants any more: disabled, stopped,
+            deleted.
+        restarted: units restarted (a new release, or their file was written).
+        started: units only started, because nothing about them changed (``systemctl start``
+            leaves a running unit alone).
+    """
+
+    installed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    restarted: tuple[str, ...] = ()
+    started: tuple[str, ...] = ()
+
+    @property
+    def changes_files(self) -> bool:
+        """Whether unit files are (to be) written or removed."""
+        return bool(self.installed or self.removed)
+
+    def to_json(self) -> dict[str, list[str]]:
+        """The four lists, as JSON."""
+        return {"installed": list(self.installed), "removed": list(self.removed),
+                "restarted": list(self.restarted), "started": list(self.started)}
+
+
 @dataclass(slots=True)
 class HostResult:
     """What one command did on one host.
@@ -44,6 +73,9 @@ class HostResult:
         sent_files: distinct contents sent; the rest was copied on the host.
         plan_digest: identifies the plan, so a confirmed plan can be checked before shipping.
         warnings: trouble after the switch that did not undo it (a failed prune).
+        services: for a ship of a host with ``service: systemd``, what was done to its runner
+            units (for a dry run, what would be); ``None`` for other hosts and for drift.
+        dry_run: the result of ``ship --dry-run`` (or of the plan shown before asking).
         debug: an internal error's traceback, shown only with ``--debug``.
     """
 
@@ -61,6 +93,8 @@ class HostResult:
     sent_files: int = 0
     plan_digest: str | None = None
     warnings: list[str] = field(default_factory=list)
+    services: ServiceActions | None = None
+    dry_run: bool = False
     debug: str | None = None
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.drift import Change, compare
@@ -15,8 +15,11 @@ from fleetctl.transport import open_transport
 
 
 @contextlib.contextmanager
-def host_session(host: Host, op: str) -> Iterator[tuple[HostCall, Iterator[dict], LiveState]]:
+def host_session(host: Host, op: str, extra: dict[str, Any] | None = None
+                 ) -> Iterator[tuple[HostCall, Iterator[dict], LiveState]]:
     """Connect, start the host-side program with ``op`` (``scan`` or ``ship``) and read the scan.
+
+    ``extra`` adds keys to the request (a dry run's read-only look at a host's units).
 
     Yields ``(call, events, state)``; the caller may go on reading ``events`` (a ship does). The
     call is ended and the connection closed on exit, whatever happened.
@@ -29,7 +32,8 @@ def host_session(host: Host, op: str) -> Iterator[tuple[HostCall, Iterator[dict]
     transport.connect()
     call = None
     try:
-        call = HostCall(transport, host.python, {"op": op, "root": host.root}, host.timeout_s)
+        call = HostCall(transport, host.python, {"op": op, "root": host.root, **(extra or {})},
+                        host.timeout_s)
         events = call.events()
         state = read_scan(call, events)
         yield call, events, state

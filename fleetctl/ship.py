@@ -5,6 +5,12 @@ plan is made from that scan with the same engine as ``drift``, and only then is 
 Refusals, no-ops and dry runs send ``abort`` and write nothing; the managed root is not even
 created. A ship sends only content the host does not already have; every other file is copied on
 the host from the current release (never hard-linked: invariant 4).
+
+On a host with ``service: systemd`` the runners' units (:mod:`fleetctl.services`) go with the
+command, and the host installs and restarts them after the switch; a ship with nothing to change
+in the tree still sends them (command ``services``), so units that are missing, differ or are
+stopped are put right without a new release. A dry run asks the host, read-only, which unit
+files differ.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from fleetctl.inventory import Host
 from fleetctl.manifest import FILE, Manifest
 from fleetctl.names import printable
 from fleetctl.render import DesiredTree, render_host
-from fleetctl.results import HostResult, NoProgress, Progress
+from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
 from fleetctl.scan import changes_for, desired_for, host_session, layout_problem
+from fleetctl.services import render_units, services_request
 
 
 def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
@@ -88,21 +95,26 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
               progress: Progress) -> HostResult:
     """Plan and (unless refused, unchanged or a dry run) ship one host.
 
-    Rendering happens first, so a template error stops before the host is touched.
+    Rendering happens first (the tree, and the units of a systemd host), so a template error
+    stops before the host is touched.
 
     Raises:
         FleetctlError: bad input, host trouble, or a refusal raised by the host (lock held).
     """
     tree = render_host(blueprint, host)
+    units = render_units(blueprint, host)
     progress.host_step(host.name, "lock" if not options.dry_run else "scan")
     op = "scan" if options.dry_run else "ship"
-    with host_session(host, op) as (call, events, state):
+    probe = (services_request(host, units, with_content=False)
+             if units is not None and options.dry_run else None)
+    with host_session(host, op, probe) as (call, events, state):
         desired = desired_for(tree, state)
         changes = changes_for(blueprint, tree, state)
         digest = plan_digest(changes, desired, state.current)
         result = HostResult(host.name, "dry-run", changes, release=state.current,
                             previous=state.current, unreadable=state.unreadable,
-                            plan_digest=digest, warnings=list(state.warnings))
+                            plan_digest=digest, warnings=list(state.warnings),
+                            dry_run=options.dry_run)
 
         def stop(status: str, error: str | None = None, hint: str | None = None) -> HostResult:
             if op == "ship":
@@ -126,8 +138,18 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                         f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",
                         hint="review with `fleetctl drift`, then backport the hand-patch into the "
                         "blueprint or ship with --force to overwrite it")
-        if not changes and state.shipped == desired:
+        no_op = not changes and state.shipped == desired
+        if units is not None and options.dry_run:
+            result.services, problem = _planned_services(state.units, units, not no_op)
+            if problem:
+                result.step = "services" if no_op else "prepare"
+                return stop("error", problem)
+        if no_op and (units is None or options.dry_run):
             return stop("no-op")
+        if no_op:
+            result.status = "no-op"
+            command = {"cmd": "services", **services_request(host, units, with_content=True)}
+            return _send(call, events, command, [], tree, result, progress)
         sources, blobs = _content_plan(desired, state.live)
         if options.dry_run:
             # What the ship would send; the JSON fields mean "would send" for a dry run.
@@ -146,19 +168,48 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                      "fleetctl": __version__, "shipped_by": _who(),
                      "previous": state.current, "desired_digest": desired.digest()},
         }
-        progress.host_step(host.name, "send")
-        try:
-            return _execute(call, events, command, blobs, tree, result, progress)
-        except HostError as exc:
-            # Keep what is known (the plan, the release still in use) beside the error.
-            result.status, result.error = "error", exc.message
-            result.hint = exc.hint if result.previous else None
-            result.step = exc.step or result.step
-            return result
-        except ShipRefused as exc:
-            result.status, result.error, result.hint = "refused", exc.message, exc.hint
-            result.step = exc.step or result.step
-            return result
+        if units is not None:
+            command.update(services_request(host, units, with_content=True))
+        return _send(call, events, command, blobs, tree, result, progress)
+
+
+def _planned_services(probe: dict | None, units: dict[str, bytes],
+                      restart_all: bool) -> tuple[ServiceActions | None, str | None]:
+    """What a ship would do to a host's units, from the dry run's probe; or why it would fail."""
+    if probe is None:
+        return None, "the host-side program did not report on the units"
+    if probe.get("problem"):
+        return None, probe["problem"]
+    install = tuple(probe["install"])
+    restarted = tuple(units) if restart_all else install
+    started = tuple(name for name in units if name not in restarted)
+    return ServiceActions(install, tuple(probe["remove"]), restarted, started), None
+
+
+def _send(call, events, command: dict, blobs: list[str], tree: DesiredTree,
+          result: HostResult, progress: Progress) -> HostResult:
+    """Run one command on the host; a failure becomes the result, beside what is known."""
+    progress.host_step(result.host, "send")
+    try:
+        return _execute(call, events, command, blobs, tree, result, progress)
+    except HostError as exc:
+        # Keep what is known (the plan, the release still in use) beside the error.
+        result.status, result.error = "error", exc.message
+        result.hint = exc.hint if result.previous else None
+        result.step = exc.step or result.step
+        if command["cmd"] == "ship" and result.step in ("services", "prune"):
+            # These steps come after the switch: the new release stays in use.
+            result.release = command["release"]
+        if result.step == "services":
+            result.hint = (f"the new release {command['release']} is in use; fix the cause and "
+                           "ship again: a ship with nothing to change still installs and starts "
+                           "the units" if command["cmd"] == "ship" else
+                           "the release in use is unchanged; fix the cause and ship again")
+        return result
+    except ShipRefused as exc:
+        result.status, result.error, result.hint = "refused", exc.message, exc.hint
+        result.step = exc.step or result.step
+        return result
 
 
 def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
@@ -180,14 +231,23 @@ def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
             progress.host_step(host, event["name"])
         elif event.get("t") == "warning":
             result.warnings.append(event["message"])
+        elif event.get("t") == "services":
+            result.services = ServiceActions(*(tuple(event[k]) for k in (
+                "installed", "removed", "restarted", "started")))
         elif event.get("t") == "done":
-            result.status, result.release = "shipped", event["release"]
+            if command["cmd"] == "ship":
+                result.status, result.release = "shipped", event["release"]
             result.pruned = event["pruned"]
             result.step = None
             call.finish()
             return result
-    raise call.broken(f"it ended during step {result.step or 'send'}; the previous release "
-                      "stays in use")
+    if command["cmd"] != "ship":
+        after = "the release in use is unchanged"
+    elif result.step in ("services", "prune"):
+        after = "the new release is in use"  # these steps come after the switch
+    else:
+        after = "the previous release stays in use"
+    raise call.broken(f"it ended during step {result.step or 'send'}; {after}")
 
 
 def ignore_regexes(blueprint: Blueprint) -> list[tuple[str, bool]]:
