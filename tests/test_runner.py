@@ -308,7 +308,12 @@ def test_an_answer_never_sent_fails_anti_silence(make_fleet):
     assert len(starts) == 2
     for start in starts:  # the explicit instruction, with the exact command, every attempt
         assert "Your final text is NOT delivered" in start["prompt"]
-        assert "reply --task t7 --channel #support TEXT" in start["prompt"]
+        # Pasted into a shell it must still be one reply to #support (unquoted, "#support"
+        # started a comment and reply failed for want of a channel).
+        line = start["prompt"].split("Send your answer with: ", 1)[1].splitlines()[0]
+        out = subprocess.run(["sh", "-c", "printf '%s\\n' " + line], capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+        assert out == ["reply", "--task", "t7", "--channel", "#support", "YOUR ANSWER"]
     assert "no reply was sent for task t7" in starts[1]["prompt"]  # fed back
     gate = fleet.gate("t7", 2, "anti-silence")
     assert gate["status"] == "fail"

@@ -23,6 +23,7 @@ words are never a success signal.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,13 @@ LIST_MAX = 50
 OUTPUT_MAX_BYTES = 16_000
 """Raw output kept in a gate result (and fed back to the agent), in bytes."""
 
+
+
+def reply_command(task: str, channel: str | None) -> str:
+    """The reply command line, quoted so it works pasted into a shell (``#chan`` would
+    otherwise start a comment)."""
+    return (f"reply --task {shlex.quote(task)} --channel {shlex.quote(str(channel))} "
+            "'YOUR ANSWER'")
 
 @dataclass(frozen=True, slots=True)
 class GateResult:
@@ -183,4 +191,4 @@ def anti_silence_gate(human: bool, task: str, channel: str | None,
         "anti-silence", FAIL,
         f"no reply was sent for task {task}: the person who asked has been told nothing",
         "The reply CLI recorded no send for this task. Your final text is not delivered to "
-        f"anyone. Send the answer with: reply --task {task} --channel {channel} TEXT", details)
+        f"anyone. Send the answer with: {reply_command(task, channel)}", details)

@@ -67,6 +67,7 @@ class Invocation:
     duration_s: float
     stdout_path: Path
     stderr_path: Path | None
+    limit_s: float | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -78,7 +79,9 @@ class Invocation:
         if self.start_error:
             return f"could not start: {self.start_error}"
         if self.stopped == "timeout":
-            return f"timed out after {self.duration_s:.1f} s; its process group was killed"
+            limit = f" (limit {self.limit_s:g} s)" if self.limit_s is not None else ""
+            return (f"timed out{limit}; its process group was killed "
+                    f"{self.duration_s:.1f} s after the start, grace period included")
         if self.stopped:
             return f"stopped by the runner ({self.stopped}); its process group was killed"
         if self.signal is not None:
@@ -267,7 +270,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         signal=-status if status is not None and status < 0 else None,
         stopped=stopped, leftovers_killed=leftovers, group_gone=gone, start_error=None,
         duration_s=duration, stdout_path=Path(stdout_path),
-        stderr_path=Path(stderr_path) if stderr_path else None)
+        stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s)
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:

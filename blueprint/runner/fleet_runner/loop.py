@@ -192,6 +192,12 @@ class Runner:
         while progress.next_attempt <= max_attempts:
             if self.stop_reason:
                 return STOPPED
+            if not task.release.is_dir():
+                # A ship pruned the release this task started on: go on with the one in use
+                # rather than die on a missing skills directory.
+                task.release = Path(os.path.realpath(self.paths.release))
+                self.log(f"task {task.message.id}: its release was pruned; continuing with "
+                         f"{task.release.name}")
             verdict = self._attempt(task, progress.next_attempt, max_attempts)
             if verdict == STOPPED:
                 return STOPPED

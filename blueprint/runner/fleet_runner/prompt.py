@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleet_runner.gates import GateResult
+from fleet_runner.gates import GateResult, reply_command
+
 from fleet_runner.inbox import Message
 from fleet_runner.records import head_text
 
@@ -23,7 +24,7 @@ def anti_silence_instruction(task: str, channel: str | None) -> str:
     """The explicit instruction added for an unanswered human message."""
     return ("IMPORTANT: a person is waiting for an answer. Your final text is NOT delivered to "
             "anyone: the person sees only what you send with the reply CLI. Send your answer "
-            f"with: reply --task {task} --channel {channel} TEXT")
+            f"with: {reply_command(task, channel)}")
 
 
 def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
