@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pathspec
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from fleetctl.errors import InputError
+from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl
 from fleetctl.yamlfile import input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
@@ -75,6 +76,10 @@ class Role(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0)
     budget_tokens: int | None = Field(default=None, gt=0)
     model: str | None = None
+    mcp_servers: dict[Annotated[str, StringConstraints(pattern=SERVER_NAME)], McpServerDecl] = \
+        Field(default_factory=dict)
+    max_tool_tokens: int | None = Field(default=None, gt=0)
+    max_tools: int | None = Field(default=None, ge=0)
 
 
 class FileRule(BaseModel):

@@ -25,6 +25,7 @@ from fleetctl.names import safe_text
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
+from fleetctl.cli_tokens import tokens_command
 from fleetctl.ship import ShipOptions, drift_host, run_hosts, ship_host
 
 app = typer.Typer(
@@ -265,6 +266,9 @@ def render(
         return 0
 
     _guard(body)
+
+
+app.command("tokens")(tokens_command)
 
 
 @app.command()

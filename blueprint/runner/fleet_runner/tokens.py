@@ -1,15 +1,24 @@
-"""Counting tokens: a documented placeholder until issue 4 brings a real tokenizer.
+"""Counting tokens on the host: a labelled estimate, never presented as a count.
 
-Every number this module produces is an *estimate*: UTF-8 bytes divided by 4, rounded up. It is
-never exact, and every record that carries one names the counter in ``TOKEN_COUNTER`` so a reader
-(and ``fleetctl tokens``) can tell an estimate from a real count. Issue 4 replaces
-:func:`count_tokens` and changes ``TOKEN_COUNTER`` with it.
+The runner is standard library only (hosts get no pip installs), and an exact BPE count needs the
+encoding's ranks file and its pre-tokenizer, which the host does not have. So every number this
+module produces is an *estimate*: UTF-8 bytes divided by 4, rounded up. Every record that carries
+one names the counter in :data:`TOKEN_COUNTER` and says ``"tokens_exact": false``, so a reader
+can tell it from a count.
+
+Exact counts of the same prefix come from ``fleetctl tokens``: it builds the prefix with this
+runner's own :mod:`fleet_runner.prefix` (DESIGN.md invariant 9) and counts it with the offline
+``o200k_base`` encoder, printing the encoder's provenance (docs/tokens.md). The ledger's
+estimates are for trends between turns on one host; budgets are checked on the exact counts.
 """
 
 from __future__ import annotations
 
 TOKEN_COUNTER = "bytes/4-estimate"
 """The name recorded beside every token number (``"token_counter"`` in the ledger)."""
+
+TOKENS_EXACT = False
+"""Whether :func:`count_tokens` is exact: it is not."""
 
 
 def count_tokens(text: str) -> int:

@@ -1,0 +1,138 @@
+"""``fleetctl tokens [AGENT...]``: the prompt-prefix audit, as a thin command.
+
+It parses options, calls :func:`fleetctl.tokens.audit.audit_tokens`, renders the report and exits
+0 (every agent within its budgets), 1 (over a budget, a ceiling or the baseline's growth
+threshold) or 2 (bad input, or an MCP server that could not be measured). Registered on the main
+app by ``fleetctl/cli.py``::
+
+    from fleetctl.cli_tokens import tokens_command
+    app.command("tokens")(tokens_command)
+
+This module does not import ``fleetctl.cli`` (which imports it), so the few shared options are
+declared again here with the same names and defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from fleetctl.errors import EXIT_ERROR, FleetctlError
+from fleetctl.names import safe_text
+
+err = Console(stderr=True)
+
+
+class TokensFormat(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+class CompareWith(str, Enum):
+    mcp = "mcp"
+
+
+class CounterName(str, Enum):
+    o200k = "o200k"
+    claude_api = "claude-api"
+
+
+def find_project() -> Path:
+    """The nearest directory, from the current one up, holding ``blueprint/`` and ``inventory/``."""
+    here = Path.cwd()
+    for candidate in (here, *here.parents):
+        if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():
+            return candidate
+    return here
+
+
+def _fail(exc: FleetctlError) -> None:
+    err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
+    if exc.hint:
+        err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def tokens_command(
+    agents: Optional[list[str]] = typer.Argument(
+        None, help="Agents to audit, by name or HOST/AGENT \\[default: all]."),
+    compare: Optional[CompareWith] = typer.Option(
+        None, "--compare", help="mcp: also measure each role with its MCP servers behind the "
+                                "mcp-bridge CLI, and show the saving."),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="A previous `--format json` report: fail on growth beyond "
+                                 "--max-growth and name what grew."),
+    max_growth: float = typer.Option(
+        5.0, "--max-growth", min=0.0, help="Percent growth of a prefix over the baseline that "
+                                           "is a finding."),
+    counter: CounterName = typer.Option(
+        CounterName.o200k, "--counter", help="o200k: exact o200k_base counts, offline. "
+                                             "claude-api: Claude's count_tokens (needs "
+                                             "$ANTHROPIC_API_KEY), measured as deltas."),
+    claude_model: Optional[str] = typer.Option(
+        None, "--claude-model", help="Model for --counter claude-api when a role sets none "
+                                     "\\[default: claude-sonnet-4-5]."),
+    live: bool = typer.Option(False, "--live", help="Read the runners' ledgers from the hosts "
+                                                    "(not available yet)."),
+    inventory: Optional[Path] = typer.Option(
+        None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
+        help="Inventory file \\[default: inventory/demo.yaml of the project]."),
+    blueprint: Optional[Path] = typer.Option(
+        None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
+        help="Blueprint directory \\[default: blueprint/ of the project]."),
+    fmt: TokensFormat = typer.Option(TokensFormat.text, "--format", "-f", help="Output format."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Write the report to FILE, not stdout."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
+) -> None:
+    """Measure each agent's prompt prefix against its budgets (exit 0 within, 1 over, 2 error)."""
+    from fleetctl.errors import InputError
+
+    try:
+        if live:
+            raise InputError("--live is not available yet: it reads the runners' ledgers from "
+                             "the hosts (a later issue)")
+        target = None
+        if output is not None:
+            try:
+                target = open(output, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
+        from fleetctl.tokens.audit import TokensOptions, audit_tokens
+        from fleetctl.tokens.render import print_text, to_json, to_markdown
+
+        project = find_project()
+        options = TokensOptions(agents=tuple(agents or ()), counter=counter.value,
+                                compare_mcp=compare is CompareWith.mcp, baseline=baseline,
+                                max_growth_pct=max_growth, claude_model=claude_model)
+        report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
+                              blueprint or project / "blueprint", options)
+    except FleetctlError as exc:
+        _fail(exc)
+    except Exception:  # noqa: BLE001 - an internal error: message, traceback only with --debug
+        if debug:
+            err.print(traceback.format_exc(), markup=False, highlight=False)
+        else:
+            err.print(f"internal error: {sys.exc_info()[1]!r} (run with --debug for the "
+                      "traceback)", markup=False, highlight=False)
+        raise typer.Exit(EXIT_ERROR) from None
+    fh = target or sys.stdout
+    if fmt is TokensFormat.json:
+        fh.write(to_json(report))
+    elif fmt is TokensFormat.markdown:
+        fh.write(to_markdown(report))
+    else:
+        console = Console(file=fh, width=160, no_color=True) if target is not None else (
+            Console() if Console().is_terminal else Console(width=160))
+        print_text(console, report)
+    fh.flush()
+    if target is not None:
+        target.close()
+    raise typer.Exit(report.exit_code)

@@ -1,0 +1,247 @@
+"""The ``fleetctl tokens`` report as JSON, Markdown or text tables, all from the same rows.
+
+Every format says which counter made the numbers (encoding, library, data file digest, or
+Claude's endpoint and model), labels the Claude band as an estimate with its source, and shows
+each agent's status: ``ok``, ``over`` (findings) or ``incomplete`` (a server not measured; the
+totals are then a lower bound). The JSON document is described in ``docs/tokens.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl.tokens.audit import SCHEMA_VERSION, AgentReport, Comparison, TokensReport
+from fleetctl.tokens.measure import Measurement
+
+HEAVIEST = 10
+"""How many tools the text and Markdown reports list (JSON lists all)."""
+
+
+def _share(tokens: int | None, whole: int | None) -> float | None:
+    if tokens is None or not whole:
+        return None
+    return round(tokens / whole, 6)
+
+
+def component_rows(m: Measurement, window: int | None) -> list[dict[str, Any]]:
+    """One row per component: name, tokens, method, note, share of prefix and of context."""
+    return [{"name": c.name, "tokens": c.tokens, "method": c.method, "note": c.note,
+             "share_of_prefix": _share(c.tokens, m.total_tokens),
+             "share_of_context": _share(c.tokens, window)} for c in m.components]
+
+
+def tool_rows(m: Measurement) -> list[dict[str, Any]]:
+    """One row per tool, in prefix order."""
+    return [{"name": t.name, "server": t.server, "marginal_tokens": t.marginal_tokens,
+             "share_of_prefix": _share(t.marginal_tokens, m.total_tokens),
+             "mcp_only_tokens": t.mcp_only_tokens, "mcp_only_fields": list(t.mcp_only_fields)}
+            for t in m.tools]
+
+
+def compare_json(c: Comparison, window: int | None) -> dict[str, Any]:
+    """A comparison as JSON."""
+    return {"servers": list(c.servers), "tools_moved": c.tools_moved,
+            "declared_total_tokens": c.declared_total,
+            "bridge_total_tokens": c.bridge.total_tokens,
+            "saving_tokens": c.saving_tokens,
+            "saving_pct": None if c.saving_pct is None else round(c.saving_pct, 2),
+            "tool_tokens_declared": c.tool_tokens_declared,
+            "tool_tokens_bridge": c.tool_tokens_bridge,
+            "tool_cut_pct": None if c.tool_cut_pct is None else round(c.tool_cut_pct, 2),
+            "bridge_components": component_rows(c.bridge, window)}
+
+
+def agent_json(a: AgentReport) -> dict[str, Any]:
+    """One agent's record."""
+    m = a.measurement
+    window = a.window.tokens
+    return {
+        "agent": a.agent, "host": a.host, "role": a.role, "model": a.model,
+        "status": a.status, "exit_code": a.exit_code,
+        "total_tokens": m.total_tokens, "counter": m.counter,
+        "estimate": None if m.estimate is None else
+        {"name": "claude", "estimate": True, "low": m.estimate[0], "high": m.estimate[1]},
+        "context_window_tokens": window, "context_window_source": a.window.source,
+        "share_of_context": _share(m.total_tokens, window),
+        "components": component_rows(m, window),
+        "tools": tool_rows(m),
+        "tool_use_system_prompt": m.tool_use,
+        "budgets": {"budget_tokens": a.budget_tokens, "max_tool_tokens": a.max_tool_tokens,
+                    "max_tools": a.max_tools},
+        "servers": [{"name": s.name, "status": s.status, "source": s.source,
+                     "tools": len(s.tools), "pages": s.pages, "detail": s.detail,
+                     "stderr_tail": s.stderr_tail, "elapsed_s": s.elapsed_s,
+                     "instructions": s.instructions is not None} for s in a.servers],
+        "findings": [{"kind": f.kind, "message": f.message, "subject": f.subject,
+                      "limit": f.limit, "actual": f.actual} for f in a.findings],
+        "warnings": list(a.warnings),
+        "compare": None if a.compare is None else compare_json(a.compare, window),
+    }
+
+
+def to_json(report: TokensReport) -> str:
+    """The whole report as one JSON document (``schema_version`` 1)."""
+    doc = {"schema_version": SCHEMA_VERSION, "command": "tokens", "exit_code": report.exit_code,
+           "counter": report.counter, "estimate": report.estimate,
+           "baseline": report.baseline, "max_growth_pct": report.max_growth_pct,
+           "agents": [agent_json(a) for a in report.agents]}
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def provenance_line(report: TokensReport) -> str:
+    """Which counter made the numbers, in one line."""
+    c = report.counter
+    if c.get("name") == "o200k_base":
+        return (f"counted with {c['encoding']} ({c['library']}, offline; data "
+                f"{c['data_source']} {c['data_file']}, sha256 {c['data_sha256']})")
+    return (f"counted with Claude's count_tokens (model {c.get('model')}; deltas, cached by "
+            f"request digest; {c.get('requests_sent', 0)} request(s) sent)")
+
+
+def estimate_line(report: TokensReport) -> str | None:
+    """The estimate band's label and source, when there is one."""
+    e = report.estimate
+    if not e:
+        return None
+    return (f"Claude estimate = {e['base']} x {e['low_factor']:.2f}..{e['high_factor']:.2f} "
+            f"(+ the tabled tool-use prompt): {e['source']}")
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def _n(value: int | None) -> str:
+    return "unknown" if value is None else f"{value:,}"
+
+
+def _headline(a: AgentReport) -> str:
+    m = a.measurement
+    est = f"; Claude estimate {m.estimate[0]:,}-{m.estimate[1]:,}" if m.estimate else ""
+    model = a.model or "default model"
+    budget = f", budget {a.budget_tokens:,}" if a.budget_tokens is not None else ""
+    lower = " (lower bound)" if a.status == "incomplete" else ""
+    return (f"{a.host}/{a.agent} (role {a.role}, {model}): {m.total_tokens:,} tokens{lower}"
+            f"{budget} [{a.status}]{est}")
+
+
+def _heaviest(m: Measurement) -> list[Any]:
+    return sorted(m.tools, key=lambda t: (-t.marginal_tokens, t.name))[:HEAVIEST]
+
+
+def print_text(console: Console, report: TokensReport) -> None:
+    """Tables for people: per agent its components, heaviest tools, servers and findings."""
+    for a in report.agents:
+        m = a.measurement
+        window = a.window.tokens
+        console.print(_headline(a), markup=False, highlight=False)
+        table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+        for column, justify in (("component", "left"), ("tokens", "right"),
+                                ("% prefix", "right"), ("% context", "right"),
+                                ("how", "left")):
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for row in component_rows(m, window):
+            table.add_row(row["name"], _n(row["tokens"]), _pct(row["share_of_prefix"]),
+                          _pct(row["share_of_context"], 2), row["method"])
+        table.add_row("total", f"{m.total_tokens:,}", "100.0%",
+                      _pct(_share(m.total_tokens, window), 2), m.counter)
+        console.print(table)
+        if m.tools:
+            tools = Table(box=box.SIMPLE, show_edge=False, pad_edge=False,
+                          title=f"heaviest tools ({len(m.tools)} in all; marginal tokens)",
+                          title_justify="left")
+            tools.add_column("tool")
+            tools.add_column("tokens", justify="right")
+            tools.add_column("% prefix", justify="right")
+            tools.add_column("MCP-only (not sent)", justify="right")
+            for t in _heaviest(m):
+                tools.add_row(t.name, f"{t.marginal_tokens:,}",
+                              _pct(_share(t.marginal_tokens, m.total_tokens)),
+                              f"{t.mcp_only_tokens:,}" if t.mcp_only_tokens else "")
+            console.print(tools)
+        for s in a.servers:
+            line = f"  MCP server {s.name}: {s.status}, {len(s.tools)} tools in {s.pages} page(s)"
+            console.print(line + (f": {s.detail}" if s.detail else ""), markup=False,
+                          highlight=False)
+            if not s.measured and s.stderr_tail:
+                for err_line in s.stderr_tail.splitlines():
+                    console.print(f"    stderr| {err_line}", markup=False, highlight=False)
+        if a.compare is not None:
+            _print_compare(console, a.compare)
+        for f in a.findings:
+            console.print(f"  OVER {f.message}" if f.kind != "server" else f"  ERROR {f.message}",
+                          markup=False, highlight=False)
+        for w in a.warnings:
+            console.print(f"  note: {w}", markup=False, highlight=False)
+        console.print()
+    console.print(provenance_line(report), markup=False, highlight=False)
+    est = estimate_line(report)
+    if est:
+        console.print(est, markup=False, highlight=False)
+
+
+def _compare_lines(c: Comparison) -> list[str]:
+    servers = ", ".join(c.servers)
+    if c.saving_tokens is None:
+        return [f"--compare mcp ({servers}): not measured (a server could not be listed); "
+                f"never counted as a saving. With the bridge: {c.bridge.total_tokens:,} tokens."]
+    return [f"--compare mcp ({servers}): as declared {c.declared_total:,} tokens, with the "
+            f"bridge CLI {c.bridge.total_tokens:,}: saves {c.saving_tokens:,} "
+            f"({c.saving_pct:.1f}%) a turn",
+            f"  tool-definition tokens {c.tool_tokens_declared:,} -> {c.tool_tokens_bridge:,} "
+            f"(cut {c.tool_cut_pct:.1f}%); {c.tools_moved} tools still reachable as "
+            f"`mcp-bridge SERVER TOOL`"]
+
+
+def _print_compare(console: Console, c: Comparison) -> None:
+    for line in _compare_lines(c):
+        console.print("  " + line, markup=False, highlight=False)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(report: TokensReport) -> str:
+    """The report as Markdown: a section per agent."""
+    out = ["# fleetctl tokens", ""]
+    for a in report.agents:
+        m = a.measurement
+        window = a.window.tokens
+        out += [f"## {_md(_headline(a))}", "",
+                "| component | tokens | % prefix | % context | how |",
+                "| --- | ---: | ---: | ---: | --- |"]
+        for row in component_rows(m, window):
+            out.append(f"| {row['name']} | {_n(row['tokens'])} | {_pct(row['share_of_prefix'])} "
+                       f"| {_pct(row['share_of_context'], 2)} | {row['method']} |")
+        out.append(f"| **total** | **{m.total_tokens:,}** | 100.0% | "
+                   f"{_pct(_share(m.total_tokens, window), 2)} | {m.counter} |")
+        out.append("")
+        if m.tools:
+            out += [f"Heaviest tools ({len(m.tools)} in all, marginal tokens):", "",
+                    "| tool | tokens | % prefix | MCP-only (not sent) |",
+                    "| --- | ---: | ---: | ---: |"]
+            for t in _heaviest(m):
+                out.append(f"| `{_md(t.name)}` | {t.marginal_tokens:,} | "
+                           f"{_pct(_share(t.marginal_tokens, m.total_tokens))} | "
+                           f"{t.mcp_only_tokens or ''} |")
+            out.append("")
+        for s in a.servers:
+            out.append(f"- MCP server `{s.name}`: {s.status}, {len(s.tools)} tools"
+                       + (f": {_md(s.detail)}" if s.detail else ""))
+        if a.compare is not None:
+            out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
+        out += [f"- **over**: {_md(f.message)}" if f.kind != "server" else
+                f"- **error**: {_md(f.message)}" for f in a.findings]
+        out += [f"- note: {_md(w)}" for w in a.warnings]
+        out.append("")
+    out.append(f"_{_md(provenance_line(report))}_")
+    est = estimate_line(report)
+    if est:
+        out += ["", f"_{_md(est)}_"]
+    return "\n".join(out) + "\n"

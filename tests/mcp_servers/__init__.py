@@ -1,0 +1,1 @@
+"""Real MCP servers for the tests, written with the official MCP Python SDK (``mcp``)."""

@@ -1,0 +1,129 @@
+"""The MCP → CLI bridge (blueprint/skills/mcp-bridge/bin/mcp-bridge) end to end against the real
+test tracker MCP server: listing, usage from the schema, typed arguments, required arguments,
+enums, aliases, errors, and UTF-8 output whatever the locale."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mcp_servers.project import REPO, TRACKER_ENV
+
+BRIDGE = REPO / "blueprint" / "skills" / "mcp-bridge" / "bin" / "mcp-bridge"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bridge") / "mcp-bridge.json"
+    # The server's own locale is its business: it gets UTF-8 whatever the bridge runs under.
+    server_env = {**TRACKER_ENV, "PYTHONUTF8": "1"}
+    path.write_text(json.dumps({"servers": {
+        "tracker": {"command": [sys.executable, "-m", "tests.mcp_servers.tracker",
+                                "--page-size", "9"], "env": server_env, "cwd": str(REPO)},
+        "broken": {"command": [sys.executable, "-m", "tests.mcp_servers.tracker", "--mode",
+                               "crash-on-list"], "env": TRACKER_ENV, "cwd": str(REPO)}}}))
+    return path
+
+
+def bridge(config: Path, *args: str, locale: str | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO"))}
+    env["MCP_BRIDGE_TIMEOUT_S"] = "20"
+    if locale:
+        env.update(LANG=locale, LC_ALL=locale, PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    # The host's python3 runs it: standard library only, no fleetctl on the path.
+    return subprocess.run(["python3", str(BRIDGE), "--config", str(config), *args],
+                          capture_output=True, env=env, timeout=60, cwd="/")
+
+
+def test_lists_servers_and_tools(config):
+    done = bridge(config, "--help")
+    assert done.returncode == 0 and b"  tracker\n" in done.stdout and b"  broken" in done.stdout
+    done = bridge(config, "tracker", "--help")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 33  # every page of the listing, one line per tool
+    assert lines[0].split()[0] == "create_issue"
+    assert lines[0].endswith("Create a new issue in a team.")
+
+
+def test_usage_derived_from_the_schema(config):
+    done = bridge(config, "tracker", "create_issue", "--help")
+    assert done.returncode == 0
+    usage = done.stdout.decode()
+    assert "usage: mcp-bridge tracker create_issue --team TEXT --title TEXT" in usage
+    assert "[--priority none|urgent|high|medium|low]" in usage
+    assert "[--labels TEXT (repeatable)]" in usage
+    assert "--estimate JSON {points: INT, confidence?: low|medium|high}" in usage  # $ref resolved
+    assert "--team TEXT  (required)  Key of the team that owns the issue" in usage
+
+
+def test_a_call_with_typed_arguments(config):
+    done = bridge(config, "tracker", "create_issue", "--team", "ENG", "--title", "Ünïcödé 日本",
+                  "--priority", "high", "--labels", "bug", "--labels", "ui",
+                  "--estimate", '{"points": 3}', "--due-date", "2026-12-01", locale="C")
+    assert done.returncode == 0, done.stderr
+    issue = json.loads(done.stdout.decode("utf-8"))  # UTF-8 although the locale is C
+    assert issue["identifier"] == "ENG-1" and issue["title"] == "Ünïcödé 日本"
+    assert issue["labels"] == ["bug", "ui"] and issue["priority"] == "high"
+    assert issue["estimate"] == {"points": 3, "confidence": "medium"}
+    assert issue["due_date"] == "2026-12-01"
+
+
+def test_json_types_are_sent_as_the_schema_says(config):
+    done = bridge(config, "tracker", "search_issues", "--query", "crash", "--limit", "5",
+                  "--filter", '{"team": "ENG", "include_archived": true}', "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"name": "search_issues", "arguments": {
+        "query": "crash", "limit": 5, "filter": {"team": "ENG", "include_archived": True}}}
+    done = bridge(config, "tracker", "list_cycles", "--team", "ENG", "--include_completed",
+                  "--dry-run")
+    assert json.loads(done.stdout)["arguments"] == {"team": "ENG", "include_completed": True}
+    done = bridge(config, "tracker", "list_users", "--no-active_only", "--dry-run")
+    assert json.loads(done.stdout)["arguments"] == {"active_only": False}
+    done = bridge(config, "tracker", "get_issue", "--identifier", "A", "--include_comments",
+                  "false", "--dry-run")
+    assert json.loads(done.stdout)["arguments"] == {"identifier": "A", "include_comments": False}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["create_issue", "--team", "ENG"], "create_issue: missing required --title"),
+    (["search_issues", "--query", "x", "--limit", "five"], "--limit: 'five' is not an integer"),
+    (["set_issue_priority", "--identifier", "X", "--priority", "bogus"],
+     "--priority: 'bogus' must be one of none, urgent, high, medium, low"),
+    (["create_issue", "--team", "E", "--title", "t", "--estimate", "3"], "--estimate"),
+    (["get_issue", "--nosuch", "1"], "unknown option --nosuch"),
+    (["no_such_tool"], "tracker has no tool 'no_such_tool'"),
+])
+def test_usage_errors_before_any_call(config, args, message):
+    done = bridge(config, "tracker", *args)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert message in err and err.count("\n") == 1  # one line
+
+
+def test_properties_named_like_the_bridges_options(config):
+    done = bridge(config, "tracker", "create_issue_template", "--team", "ENG", "--name", "Bug",
+                  "--body", "Steps:", "--arg-help", "Tell us what broke", "--version", "2")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"team": "ENG", "name": "Bug", "body": "Steps:",
+                                       "help": "Tell us what broke", "version": 2}
+    usage = bridge(config, "tracker", "create_issue_template", "--help").stdout.decode()
+    assert "--help TEXT  (give it as --arg-help)" in usage
+
+
+def test_server_errors_exit_non_zero_with_one_line(config):
+    done = bridge(config, "tracker", "get_issue", "--identifier", "NOPE-1")
+    assert done.returncode == 1
+    assert done.stderr.decode() == ("mcp-bridge: tracker get_issue: Error executing tool "
+                                    "get_issue: no issue NOPE-1\n")
+    done = bridge(config, "broken", "--help")
+    assert done.returncode == 2
+    assert "the server exited" in done.stderr.decode()
+    assert done.stderr.decode().count("\n") == 1
+    done = bridge(config, "nosuch")
+    assert done.returncode == 2 and "no server 'nosuch'" in done.stderr.decode()
