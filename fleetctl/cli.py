@@ -7,9 +7,7 @@ Data goes to stdout (or ``--output``); messages, progress and prompts go to stde
 
 from __future__ import annotations
 
-import os
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -19,13 +17,13 @@ from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeEl
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint, load_blueprint
-from fleetctl.errors import EXIT_ERROR, EXIT_REFUSED, FleetctlError, InputError, worst_exit
+from fleetctl.cli_common import Format, err, find_project, print_error
+from fleetctl.cli_tokens import tokens_command
+from fleetctl.errors import EXIT_REFUSED, FleetctlError, InputError, worst_exit
 from fleetctl.inventory import Inventory, load_inventory
-from fleetctl.names import safe_text
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
-from fleetctl.cli_tokens import tokens_command
 from fleetctl.ship import ShipOptions, drift_host, run_hosts, ship_host
 
 app = typer.Typer(
@@ -35,23 +33,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-
-
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-    markdown = "markdown"
-
-
-def _find_project() -> Path:
-    here = Path.cwd()
-    for candidate in (here, *here.parents):
-        if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():
-            return candidate
-    return here
-
-
 InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
                             help="Inventory file \\[default: inventory/demo.yaml of the project].")
 BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
@@ -66,7 +47,7 @@ DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal erro
 
 def _load(inventory: Optional[Path], blueprint: Optional[Path],
           timeout_s: float | None) -> tuple[Inventory, Blueprint]:
-    project = _find_project()
+    project = find_project()
     bp = load_blueprint(blueprint or project / "blueprint")
     inv = load_inventory(inventory or project / "inventory" / "demo.yaml", set(bp.roles))
     if timeout_s is not None:
@@ -154,11 +135,7 @@ def _guard(fn: Callable[[], int]) -> None:
     try:
         code = fn()
     except FleetctlError as exc:
-        err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False,
-                  soft_wrap=True)
-        if exc.hint:
-            err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False,
-                      soft_wrap=True)
+        print_error(exc)
         raise typer.Exit(exc.exit_code) from None
     raise typer.Exit(code)
 

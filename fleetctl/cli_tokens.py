@@ -8,8 +8,8 @@ app by ``fleetctl/cli.py``::
     from fleetctl.cli_tokens import tokens_command
     app.command("tokens")(tokens_command)
 
-This module does not import ``fleetctl.cli`` (which imports it), so the few shared options are
-declared again here with the same names and defaults.
+Shared pieces (formats, the stderr console, finding the project) come from
+:mod:`fleetctl.cli_common`.
 """
 
 from __future__ import annotations
@@ -23,17 +23,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from fleetctl.cli_common import Format, err, find_project, print_error
 from fleetctl.errors import EXIT_ERROR, FleetctlError
-from fleetctl.names import safe_text
-
-err = Console(stderr=True)
-
-
-class TokensFormat(str, Enum):
-    text = "text"
-    json = "json"
-    markdown = "markdown"
-
 
 class CompareWith(str, Enum):
     mcp = "mcp"
@@ -44,19 +35,8 @@ class CounterName(str, Enum):
     claude_api = "claude-api"
 
 
-def find_project() -> Path:
-    """The nearest directory, from the current one up, holding ``blueprint/`` and ``inventory/``."""
-    here = Path.cwd()
-    for candidate in (here, *here.parents):
-        if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():
-            return candidate
-    return here
-
-
 def _fail(exc: FleetctlError) -> None:
-    err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
-    if exc.hint:
-        err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
+    print_error(exc)
     raise typer.Exit(exc.exit_code)
 
 
@@ -87,7 +67,7 @@ def tokens_command(
     blueprint: Optional[Path] = typer.Option(
         None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
         help="Blueprint directory \\[default: blueprint/ of the project]."),
-    fmt: TokensFormat = typer.Option(TokensFormat.text, "--format", "-f", help="Output format."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Write the report to FILE, not stdout."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
@@ -124,9 +104,9 @@ def tokens_command(
                       "traceback)", markup=False, highlight=False)
         raise typer.Exit(EXIT_ERROR) from None
     fh = target or sys.stdout
-    if fmt is TokensFormat.json:
+    if fmt is Format.json:
         fh.write(to_json(report))
-    elif fmt is TokensFormat.markdown:
+    elif fmt is Format.markdown:
         fh.write(to_markdown(report))
     else:
         console = Console(file=fh, width=160, no_color=True) if target is not None else (

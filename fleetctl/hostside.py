@@ -44,7 +44,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 
 CHUNK_BYTES = 1 << 20
 SYSTEMCTL_TIMEOUT_S = 60

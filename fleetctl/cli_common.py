@@ -1,0 +1,40 @@
+"""What every command's thin CLI layer shares: the stderr console, the output formats, where the
+project is, and how a user-facing error is printed."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from rich.console import Console
+
+from fleetctl.errors import FleetctlError
+from fleetctl.names import safe_text
+
+err = Console(stderr=True)
+"""Messages, progress and prompts go to stderr; data goes to stdout or ``--output``."""
+
+
+class Format(str, Enum):
+    """``--format``: one document for people or machines, built from the same records."""
+
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+def find_project() -> Path:
+    """The nearest directory, from the current one up, holding ``blueprint/`` and ``inventory/``
+    (the current directory when none does)."""
+    here = Path.cwd()
+    for candidate in (here, *here.parents):
+        if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():
+            return candidate
+    return here
+
+
+def print_error(exc: FleetctlError) -> None:
+    """Print a user-facing error and its hint on stderr, names escaped, no traceback."""
+    err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
+    if exc.hint:
+        err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
