@@ -469,6 +469,102 @@ def test_an_invalid_message_is_set_aside_and_escalated(make_fleet):
     assert [s["task"] for s in fleet.events("start")] == ["ok"]
 
 
+def _drop_caps(argv: list[str]) -> list[str]:
+    """``argv`` run as root without the capabilities that let root read any file."""
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *argv]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv (to drop the read-anything capabilities)")
+def test_an_unreadable_message_stays_in_the_inbox_and_is_retried(make_fleet):
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    fleet = make_fleet("clean")
+    fleet.drop("u1", kind="agent", channel=None)
+    [name] = _names(fleet.state / "inbox")
+    locked = fleet.state / "inbox" / name
+    # As the user trial found it: mode 0600, owned by another user.
+    os.chown(locked, nobody.pw_uid, nobody.pw_gid)
+    os.chmod(locked, 0o600)
+    fleet.drop("u2", kind="agent", channel=None)
+    runner = subprocess.Popen(_drop_caps(fleet.argv()), env=fleet.env(), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while fleet.where("u2") != ["done"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.where("u2") == ["done"]  # the message behind it is not held up
+        time.sleep(1.0)  # some ten more inbox scans (--poll-s 0.1)
+        assert fleet.where("u1") == ["inbox"] and locked.exists()  # not moved
+        assert fleet.notices() == []  # not escalated as invalid
+        os.chmod(locked, 0o644)  # readable now: the next scan takes it
+        while fleet.where("u1") != ["done"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.poll() is None
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=10)
+    stderr = runner.stderr.read()
+    assert fleet.where("u1") == ["done"]
+    lines = [ln for ln in stderr.splitlines() if str(locked) in ln]
+    assert len(lines) == 1, stderr  # logged once, not at every scan
+    assert "Permission denied" in lines[0]
+    assert [s["task"] for s in fleet.events("start")] == ["u2", "u1"]
+
+
+def test_a_directory_or_symlink_named_json_is_set_aside_once(make_fleet, tmp_path):
+    fleet = make_fleet("clean")
+    inbox = fleet.state / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    (inbox / "adir.json").mkdir()
+    outside = tmp_path / "outside.json"
+    body = json.dumps({"id": "outside", "from": {"kind": "agent", "name": "x"}, "text": "hi"})
+    outside.write_text(body)
+    os.symlink(outside, inbox / "alink.json")
+    fleet.drop("ok", kind="agent", channel=None)
+    first = fleet.run()
+    assert first.returncode == 0, first.stderr
+    assert fleet.where("ok") == ["done"]
+    assert _names(fleet.state / "inbox") == []
+    failed = fleet.state / "failed"
+    assert (failed / "adir.json").is_dir() and (failed / "alink.json").is_symlink()
+    assert outside.read_text() == body  # the link was not followed, its target left alone
+    assert [s["task"] for s in fleet.events("start")] == ["ok"]
+    notices = sorted(fleet.notices(), key=lambda n: n["task"])
+    assert [(n["kind"], n["task"]) for n in notices] == [("invalid", "adir"), ("invalid", "alink")]
+    assert "directory" in notices[0]["reason"] and "symlink" in notices[1]["reason"]
+    assert sum("adir.json" in ln for ln in first.stderr.splitlines()) == 1
+    assert sum("alink.json" in ln for ln in first.stderr.splitlines()) == 1
+    again = fleet.run()
+    assert again.returncode == 0 and len(fleet.notices()) == 2  # escalated once only
+
+
+def test_a_reused_id_from_a_person_is_escalated_not_dropped(make_fleet):
+    fleet = make_fleet("replier")
+    fleet.drop("h1", text="First question?")
+    assert fleet.run().returncode == 0
+    fleet.drop("h1", text="A new question under the same id?")
+    assert fleet.run().returncode == 0
+    assert len(fleet.events("start")) == 1  # not run again
+    assert fleet.where("h1") == ["done", "failed"]
+    [notice] = fleet.notices()
+    assert notice["kind"] == "duplicate" and notice["task"] == "h1"
+    assert "h1" in notice["reason"] and "#support" in notice["reason"]
+    assert notice["detail"] == "A new question under the same id?"
+
+
+def test_a_reused_id_from_an_agent_is_only_set_aside(make_fleet):
+    fleet = make_fleet("clean")
+    fleet.drop("g1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    fleet.drop("g1", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 0
+    assert fleet.where("g1") == ["done", "failed"] and fleet.notices() == []
+    assert "duplicate" in done.stderr
+
+
 def test_sigterm_ends_the_attempt_and_keeps_the_task(make_fleet):
     fleet = make_fleet("slow", max_retries=1)
     fleet.drop("s1")
@@ -509,6 +605,80 @@ def test_a_switched_release_is_picked_up_between_tasks(make_fleet):
     assert fleet.record("v1", 1)["release"] == str(fleet.root / "releases" / "r1")
     assert fleet.record("v2", 1)["release"] == str(fleet.root / "releases" / "r2")
     assert "restarting into it" in runner.stderr.read()
+
+
+def test_a_switched_release_is_picked_up_under_steady_load(make_fleet):
+    fleet = make_fleet("waits")
+    fleet.drop("w1", kind="agent", channel=None)
+    fleet.drop("w2", kind="agent", channel=None)
+    runner = fleet.start()
+    try:
+        assert fleet.wait_for("start")["task"] == "w1"
+        # Ship while w1 runs and w2 waits: the inbox is never empty when w1 is decided.
+        shutil.copytree(fleet.root / "releases" / "r1", fleet.root / "releases" / "r2",
+                        symlinks=True)
+        os.symlink("releases/r2", fleet.root / "current.tmp")
+        os.rename(fleet.root / "current.tmp", fleet.root / "current")
+        Path(str(fleet.log) + ".go").touch()
+        deadline = time.monotonic() + 15
+        while fleet.where("w2") != ["done"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.where("w2") == ["done"]
+        assert runner.poll() is None  # the same process (exec keeps the pid), still serving
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=10)
+    lines = runner.stderr.read().splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, ln in enumerate(lines) if text in ln)
+
+    # The restart comes between the two tasks, not only once the inbox is empty.
+    assert first("task w1 attempt 1/1: pass") < first("restarting into it") \
+        < first("task w2 attempt 1/1")
+    assert fleet.record("w1", 1)["release"] == str(fleet.root / "releases" / "r1")
+    assert fleet.record("w2", 1)["release"] == str(fleet.root / "releases" / "r2")
+
+
+RUN_RECORD_KEYS = {"schema_version", "agent", "task", "from", "attempt", "max_attempts", "run",
+                   "release", "started", "finished", "verdict", "durations", "invocation",
+                   "changes", "change_counts", "gates", "failed_gates", "denials", "files",
+                   "stale_group_killed", "note"}
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_every_run_record_has_the_documented_keys(make_fleet, how):
+    doc = (REPO / "docs" / "runner.md").read_text()
+    paragraph = doc[doc.index("**Run record**"):].split("\n\n")[0]
+    for key in RUN_RECORD_KEYS - {"schema_version"}:
+        assert f"`{key}`" in paragraph, key
+    fleet = make_fleet("slow", max_retries=1)
+    fleet.drop("k1")  # from a person: the slow agent's reply passes anti-silence
+    runner = fleet.start()
+    fleet.wait_for("sleeping")
+    if how == "SIGKILL":
+        runner.kill()  # the runner dies: the next start records the attempt
+    else:
+        runner.send_signal(signal.SIGTERM)  # the runner ends the attempt and records it
+    runner.wait(timeout=10)
+    assert fleet.run().returncode == 0
+    interrupted, passed = fleet.record("k1", 1), fleet.record("k1", 2)
+    assert interrupted["verdict"] == "interrupted" and passed["verdict"] == "pass"
+    assert set(interrupted) == RUN_RECORD_KEYS and set(passed) == RUN_RECORD_KEYS
+    assert interrupted["from"] == {"kind": "human", "name": "alice"}
+    assert interrupted["max_attempts"] == 2 and interrupted["finished"] is None
+    assert interrupted["changes"] == {} and interrupted["change_counts"] == {}
+    assert interrupted["denials"] == [] and interrupted["gates"] == []
+    assert interrupted["files"] == {"prompt": "attempt-1.prompt.txt",
+                                    "stdout": "attempt-1.stdout", "stderr": "attempt-1.stderr"}
+    assert (fleet.state / "runs" / "k1" / "attempt-1.prompt.txt").is_file()
+    assert interrupted["durations"]["gates_s"] is None
+    if how == "SIGKILL":
+        assert interrupted["invocation"] is None and interrupted["durations"]["agent_s"] is None
+    else:
+        assert interrupted["invocation"]["stopped"] == "shutdown"
+        assert interrupted["durations"]["agent_s"] > 0
+    assert passed["stale_group_killed"] is False and passed["note"] is None
 
 
 def test_a_missing_agent_command_is_a_config_error(make_fleet, tmp_path):

@@ -199,3 +199,39 @@ def test_the_runner_imports_with_the_standard_library_alone(tmp_path):
     done = subprocess.run([python, "-S", "-B", "-c", code, str(RUNNER)], capture_output=True,
                           text=True, cwd=tmp_path, timeout=30)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+# -- texts about token counting ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ["blueprint/runner/fleet_runner/__init__.py",
+                                 "blueprint/runner/README.md", "docs/runner.md"])
+def test_token_texts_describe_the_labelled_estimate_and_the_exact_counter(rel):
+    text = " ".join((REPO / rel).read_text().split())  # line breaks as spaces
+    assert "issue 4" not in text.lower()  # nothing is waiting to replace the host's counter
+    for phrase in ("bytes/4-estimate", "tokens_exact: false", "no pip installs",
+                   "fleetctl tokens", "docs/tokens.md" if rel != "docs/runner.md" else "tokens.md",
+                   "o200k_base", "same prefix"):
+        assert phrase in text, (rel, phrase)
+
+
+# -- the unreadable-message log rate ---------------------------------------------------------
+
+
+def test_an_unreadable_message_is_logged_once_then_at_a_bounded_rate(tmp_path, monkeypatch):
+    from fleet_runner import loop
+    from fleet_runner.paths import agent_paths
+    logged: list[str] = []
+    runner = loop.Runner(agent_paths("a1", tmp_path), log=lambda _agent, text: logged.append(text))
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    path = tmp_path / "inbox" / "m.json"
+    denied = PermissionError(13, "Permission denied")
+    for _ in range(50):  # fifty scans within the interval: one line
+        runner._note_unreadable(path, denied)
+        clock[0] += 1.0
+    assert len(logged) == 1 and str(path) in logged[0] and "Permission denied" in logged[0]
+    clock[0] = 1000.0 + loop.UNREADABLE_LOG_INTERVAL_S
+    runner._note_unreadable(path, denied)  # the interval is over: logged again
+    runner._note_unreadable(path, OSError(5, "Input/output error"))  # a new error: logged
+    assert len(logged) == 3 and "Input/output error" in logged[2]

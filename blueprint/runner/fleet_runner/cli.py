@@ -3,8 +3,9 @@
 Exit statuses: 0 stopped cleanly (SIGTERM/SIGINT, or ``--once`` with the inbox drained);
 2 the agent cannot be served (bad arguments, config or release; the message being worked on,
 if any, stays in ``processing/`` for the next start); 3 another runner already serves this
-agent (its lock is held). When ``current`` is switched to another release while the runner is
-idle, it replaces itself (``exec``) with that release's runner, keeping its pid.
+agent (its lock is held). When ``current`` is switched to another release, the runner replaces
+itself (``exec``) with that release's runner, keeping its pid, at the next point between tasks
+(after a task is decided, or while the inbox is empty).
 """
 
 from __future__ import annotations

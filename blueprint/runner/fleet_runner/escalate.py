@@ -34,7 +34,8 @@ def escalate(*, release: Path, spool: Path, env: Mapping[str, str], agent: str, 
         env: base environment for the CLI.
         agent: the agent's name.
         task: the task id.
-        kind: ``"gave-up"``, ``"denied"`` or ``"invalid"``.
+        kind: ``"gave-up"``, ``"denied"``, ``"invalid"`` or ``"duplicate"`` (a person's message
+            reusing an id that already finished).
         failures: how many verifications failed.
         reason: one paragraph: what gave up and why.
         detail: the last failure's raw output.

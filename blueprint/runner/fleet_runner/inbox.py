@@ -20,9 +20,11 @@ taken oldest first (modification time, then name).
 
 Moves, each an atomic rename within the state directory:
 ``inbox/ → processing/`` before any work; ``processing/ → done/`` when the task passed
-verification; ``processing/ → failed/`` when it gave up, was denied, was invalid, or repeats an
-id already finished. A name already present in the destination gets a ``.<n>`` before
-``.json``.
+verification; ``processing/ → failed/`` when it gave up, was denied, was invalid (including a
+directory, symlink or other non-regular file named ``*.json``), or repeats an id already
+finished. A message that cannot be read now (an ``OSError``: permissions, I/O) is not moved: it
+stays in the inbox and is tried again at the next scan. A name already present in the
+destination gets a ``.<n>`` before ``.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +111,33 @@ def parse_message(data: bytes) -> Message:
                    text=text, reply_to=reply_to, raw=obj)
 
 
+def read_message_file(path: Path) -> bytes:
+    """The bytes of a message file, without following a symlink.
+
+    Raises:
+        MessageError: the ``*.json`` entry is not a regular file (a directory, a symlink, a FIFO
+            ...): it is not a message, whatever it points to.
+        OSError: the file cannot be read now (permissions, I/O): it may be readable later.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+                "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file")
+        raise MessageError(f"{kind}, not a message file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between lstat and open
+            raise MessageError("not a regular file, not a message file")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def _is_message_name(name: str) -> bool:
     return name.endswith(".json") and not name.startswith(".")
 
@@ -124,7 +154,9 @@ class Spool:
         try:
             with os.scandir(directory) as it:
                 for entry in it:
-                    if _is_message_name(entry.name) and entry.is_file(follow_symlinks=False):
+                    # Every kind of entry: a directory or symlink named *.json is listed too,
+                    # so that it is set aside as invalid rather than ignored for ever.
+                    if _is_message_name(entry.name):
                         try:
                             entries.append((entry.stat(follow_symlinks=False).st_mtime_ns,
                                             entry.name))
@@ -152,6 +184,13 @@ class Spool:
         except FileNotFoundError:
             return None
         _sync_dir(self.processing)
+        return dest
+
+    def unclaim(self, path: Path) -> Path:
+        """Move a processing message back into the inbox (it could not be read); return where."""
+        dest = _free_name(self.inbox, path.name)
+        os.rename(path, dest)
+        _sync_dir(self.inbox)
         return dest
 
     def finish(self, path: Path, ok: bool) -> Path:

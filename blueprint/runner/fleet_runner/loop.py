@@ -2,8 +2,12 @@
 
 For each message, oldest first, one at a time:
 
-1. claim it (``inbox/ → processing/``) and read it; an invalid message is moved to ``failed/``
-   and escalated; a message whose id already finished is moved to ``failed/`` as a duplicate;
+1. read it, claim it (``inbox/ → processing/``) and parse it; a message that cannot be read now
+   (an ``OSError``) stays in the inbox, is logged (at most every
+   :data:`UNREADABLE_LOG_INTERVAL_S`) and is tried again at the next scan; an invalid message
+   (bad JSON or shape, or a directory, symlink or other non-regular file named ``*.json``) is
+   escalated and moved to ``failed/``; a message whose id already finished is moved to
+   ``failed/`` as a duplicate, escalated (kind ``duplicate``) when a person sent it;
 2. pin the release (``current`` resolved once), read the agent's config, snapshot the
    workspace once per task (the baseline, kept across restarts);
 3. for attempt 1 .. ``max_retries + 1``: build the prefix and the task prompt, run the agent
@@ -11,6 +15,9 @@ For each message, oldest first, one at a time:
    run every gate and write the run record; a pass finishes the task;
 4. when the last attempt failed: escalate through notify (task, failed verifications, last
    failure), clear the task (``processing/ → failed/``), and go on with the next message.
+
+Between tasks (after one is decided, and when the inbox is empty) the caller may ask for a
+restart into a newly shipped release (``serve(release_changed=...)``).
 
 The sentinel (:mod:`fleet_runner.progress`) makes each step resumable; a runner started with a
 message left in ``processing/`` finishes it first.
@@ -29,7 +36,7 @@ from typing import Any
 from fleet_runner import evidence, gates
 from fleet_runner.config import AgentConfig, ConfigError, load_config
 from fleet_runner.escalate import escalate
-from fleet_runner.inbox import Message, MessageError, Spool, parse_message
+from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
 from fleet_runner.invoke import kill_stale_group, process_start_ticks, reap_orphans, run_in_group
 from fleet_runner.ledger import ledger_record, parse_usage
 from fleet_runner.paths import AgentPaths
@@ -51,6 +58,8 @@ PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
 GAVE_UP = "gave-up"
 CHANGES_LISTED_MAX = 200
 """At most this many paths per kind of change in a run record."""
+UNREADABLE_LOG_INTERVAL_S = 600.0
+"""An inbox message that stays unreadable with the same error is logged again after this long."""
 
 
 class RunnerError(Exception):
@@ -99,6 +108,7 @@ class Runner:
         self.spool = Spool(paths.inbox, paths.processing, paths.done, paths.failed)
         self.stop_reason: str | None = None
         self._log = log
+        self._unreadable: dict[str, tuple[str, float]] = {}  # name -> (error, last logged)
 
     def log(self, text: str) -> None:
         """One line on stderr (the journal)."""
@@ -122,13 +132,40 @@ class Runner:
         return count
 
     def step(self) -> bool:
-        """Take the oldest inbox message and process it; ``False`` if the inbox is empty."""
-        for path in self.spool.pending():
+        """Take the oldest readable inbox message and process it; ``False`` if there is none.
+
+        A message that cannot be read (an ``OSError``) is left in the inbox for the next scan.
+        """
+        pending = self.spool.pending()
+        names = {p.name for p in pending}
+        for name in [n for n in self._unreadable if n not in names]:
+            del self._unreadable[name]  # gone or taken: forget it
+        for path in pending:
+            try:
+                read_message_file(path)
+            except MessageError:
+                pass  # not a message file: claimed, then set aside as invalid by process()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._note_unreadable(path, exc)
+                continue
+            self._unreadable.pop(path.name, None)
             claimed = self.spool.claim(path)
             if claimed is not None:
                 self.process(claimed)
                 return True
         return False
+
+    def _note_unreadable(self, path: Path, exc: OSError) -> None:
+        """Log an unreadable inbox message once, then at most every UNREADABLE_LOG_INTERVAL_S."""
+        error, now = str(exc), time.monotonic()
+        seen = self._unreadable.get(path.name)
+        if seen is not None and seen[0] == error and now - seen[1] < UNREADABLE_LOG_INTERVAL_S:
+            return
+        self._unreadable[path.name] = (error, now)
+        self.log(f"{path}: cannot read this message ({error}); left in the inbox and tried "
+                 f"again at each scan (logged again after {UNREADABLE_LOG_INTERVAL_S:g} s)")
 
     def serve(self, once: bool = False, release_changed: Callable[[], bool] | None = None) -> str:
         """Recover, then process messages until stopped.
@@ -147,6 +184,11 @@ class Runner:
         self.recover()
         while not self.stop_reason:
             if self.step():
+                # Between tasks too, not only when idle: under steady load the runner must
+                # still move to a newly shipped release.
+                if (not self.stop_reason and release_changed is not None
+                        and release_changed()):
+                    return "release-changed"
                 continue
             if once:
                 return "drained"
@@ -163,16 +205,22 @@ class Runner:
         """Process one message in ``processing/`` to its end (or until a stop request).
 
         Returns:
-            ``"pass"``, ``"gave-up"``, ``"denied"``, ``"invalid"``, ``"duplicate"`` or
-            ``"stopped"`` (left in processing/ for the next start).
+            ``"pass"``, ``"gave-up"``, ``"denied"``, ``"invalid"``, ``"duplicate"``,
+            ``"unreadable"`` (moved back to the inbox) or ``"stopped"`` (left in processing/
+            for the next start).
 
         Raises:
             RunnerError: the config or release is broken.
         """
         try:
-            message = parse_message(path.read_bytes())
-        except (MessageError, OSError) as exc:
+            message = parse_message(read_message_file(path))
+        except MessageError as exc:
             return self._invalid(path, str(exc))
+        except OSError as exc:
+            # Not its content: it cannot be read now. Back to the inbox, tried again later.
+            back = self.spool.unclaim(path)
+            self._note_unreadable(back, exc)
+            return "unreadable"
         task_dir = self.paths.runs / message.id
         os.makedirs(task_dir, mode=0o700, exist_ok=True)
         try:
@@ -180,6 +228,15 @@ class Runner:
         except ValueError as exc:
             raise RunnerError(f"{task_dir / 'progress.json'}: unreadable sentinel: {exc}") from None
         if progress.final and progress.final.get("moved"):
+            if message.human:
+                # A person's new question under a reused id must not vanish: tell someone
+                # (before the move, as for an invalid message).
+                escalate(release=Path(os.path.realpath(self.paths.release)),
+                         spool=self.paths.notify, env=os.environ, agent=self.paths.agent,
+                         task=message.id, kind="duplicate", failures=0,
+                         reason=f"inbox message {path.name} from {message.sender_name} in "
+                         f"{message.channel} reuses id {message.id}, which already finished; "
+                         f"it was not run and is in failed/", detail=message.text)
             dest = self.spool.finish(path, ok=False)
             self.log(f"task {message.id}: duplicate of a finished task, moved to {dest}")
             return "duplicate"
@@ -226,8 +283,13 @@ class Runner:
             progress.save()
         return _Task(message, path, progress, config, release, task_dir, baseline)
 
-    def _mark_interrupted(self, task: _Task, write_ledger: bool = True) -> None:
-        """Record the attempt left running as interrupted, killing what is left of its group."""
+    def _mark_interrupted(self, task: _Task, write_ledger: bool = True,
+                          inv: Any = None) -> None:
+        """Record the attempt left running as interrupted, killing what is left of its group.
+
+        ``inv`` is the attempt's invocation when this runner saw it end (a stop request), else
+        ``None`` (a runner that died): what is not known is ``null`` or empty in the record.
+        """
         entry = task.progress.running
         assert entry is not None
         killed = False
@@ -236,11 +298,21 @@ class Runner:
         entry.update(state=INTERRUPTED, verdict=INTERRUPTED, ended=now_iso(),
                      stale_group_killed=killed)
         n = entry["attempt"]
+        message = task.message
         write_json_atomic(task.dir / f"attempt-{n}.json", {
-            "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": task.message.id,
-            "attempt": n, "run": entry["run"], "release": entry.get("release"),
-            "started": entry.get("started"), "finished": None, "verdict": INTERRUPTED,
-            "gates": [], "failed_gates": [], "stale_group_killed": killed,
+            "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": message.id,
+            "from": {"kind": message.sender_kind, "name": message.sender_name},
+            "attempt": n, "max_attempts": task.config.max_retries + 1, "run": entry["run"],
+            "release": entry.get("release"), "started": entry.get("started"),
+            "finished": None, "verdict": INTERRUPTED,
+            "durations": {"agent_s": round(inv.duration_s, 3) if inv is not None else None,
+                          "gates_s": None, "total_s": None},
+            "invocation": inv.to_json() if inv is not None else None,
+            "changes": {}, "change_counts": {},
+            "gates": [], "failed_gates": [], "denials": [],
+            "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
+                      "stderr": f"attempt-{n}.stderr"},
+            "stale_group_killed": killed,
             "note": "the runner stopped during this attempt; it counts against max_retries"})
         if write_ledger:  # the turn's line was never written: the runner stopped before it
             append_jsonl(self.paths.ledger, ledger_record(
@@ -322,7 +394,7 @@ class Runner:
             usage=parse_usage(inv.stdout_path), duration_s=inv.duration_s,
             outcome=inv.describe(), interrupted=inv.stopped == "shutdown"))
         if inv.stopped == "shutdown":
-            self._mark_interrupted(task, write_ledger=False)
+            self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
 
         changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
@@ -351,7 +423,7 @@ class Runner:
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
-                self._mark_interrupted(task, write_ledger=False)
+                self._mark_interrupted(task, write_ledger=False, inv=inv)
                 return STOPPED
             verdict = FAILED if any(r.failed for r in results) else PASSED
         finished = time.monotonic()
@@ -371,7 +443,8 @@ class Runner:
             "gates": [r.to_json() for r in results], "failed_gates": [r.name for r in failed],
             "denials": denials,
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
-                      "stderr": f"attempt-{n}.stderr"}})
+                      "stderr": f"attempt-{n}.stderr"},
+            "stale_group_killed": False, "note": None})
         entry.update(state=FINISHED, verdict=verdict, ended=now_iso(),
                      failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output}
                                    for r in failed],
