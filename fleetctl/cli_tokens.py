@@ -2,7 +2,10 @@
 
 It parses options, calls :func:`fleetctl.tokens.audit.audit_tokens`, renders the report and exits
 0 (every agent within its budgets), 1 (over a budget, a ceiling or the baseline's growth
-threshold) or 2 (bad input, or an MCP server that could not be measured). Registered on the main
+threshold) or 2 (bad input, or an MCP server that could not be measured). With ``--live`` it
+summarises the runners' ledgers read from the hosts instead
+(:func:`fleetctl.tokens.live.live_tokens`): exit 0, or 2 when a host or a ledger could not be
+read. Registered on the main
 app by ``fleetctl/cli.py``::
 
     from fleetctl.cli_tokens import tokens_command
@@ -60,7 +63,11 @@ def tokens_command(
         None, "--claude-model", help="Model for --counter claude-api when a role sets none "
                                      "\\[default: claude-sonnet-4-5]."),
     live: bool = typer.Option(False, "--live", help="Read the runners' ledgers from the hosts "
-                                                    "(not available yet)."),
+                                                    "and summarise the turns per agent."),
+    since: Optional[str] = typer.Option(
+        None, "--since", help="With --live: only turns that ended after this ISO 8601 time."),
+    parallel: int = typer.Option(8, "--parallel", "-p", min=1,
+                                 help="With --live: hosts at once."),
     inventory: Optional[Path] = typer.Option(
         None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
         help="Inventory file \\[default: inventory/demo.yaml of the project]."),
@@ -76,9 +83,11 @@ def tokens_command(
     from fleetctl.errors import InputError
 
     try:
-        if live:
-            raise InputError("--live is not available yet: it reads the runners' ledgers from "
-                             "the hosts (a later issue)")
+        if live and (compare is not None or baseline is not None):
+            raise InputError("--live reads the ledgers on the hosts: it takes no --compare or "
+                             "--baseline")
+        if since is not None and not live:
+            raise InputError("--since is for --live")
         target = None
         if output is not None:
             try:
@@ -86,14 +95,20 @@ def tokens_command(
             except OSError as exc:
                 raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
         from fleetctl.tokens.audit import TokensOptions, audit_tokens
-        from fleetctl.tokens.render import print_text, to_json, to_markdown
 
         project = find_project()
-        options = TokensOptions(agents=tuple(agents or ()), counter=counter.value,
-                                compare_mcp=compare is CompareWith.mcp, baseline=baseline,
-                                max_growth_pct=max_growth, claude_model=claude_model)
-        report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
-                              blueprint or project / "blueprint", options)
+        if live:  # the ledgers on the hosts, not the prefix built here
+            from fleetctl.tokens.live import live_tokens
+
+            live_report = live_tokens(inventory or project / "inventory" / "demo.yaml",
+                                      blueprint or project / "blueprint", tuple(agents or ()),
+                                      since=since, parallel=parallel)
+        else:
+            options = TokensOptions(agents=tuple(agents or ()), counter=counter.value,
+                                    compare_mcp=compare is CompareWith.mcp, baseline=baseline,
+                                    max_growth_pct=max_growth, claude_model=claude_model)
+            report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
+                                  blueprint or project / "blueprint", options)
     except FleetctlError as exc:
         _fail(exc)
     except Exception:  # noqa: BLE001 - an internal error: message, traceback only with --debug
@@ -103,6 +118,25 @@ def tokens_command(
             err.print(f"internal error: {sys.exc_info()[1]!r} (run with --debug for the "
                       "traceback)", markup=False, highlight=False)
         raise typer.Exit(EXIT_ERROR) from None
+    if live:
+        _write_live(live_report, fmt, target)
+    _write_audit(report, fmt, target)
+
+
+def _write_live(report, fmt: Format, target) -> None:
+    from fleetctl.tokens.live import to_json, to_markdown, to_text
+
+    fh = target or sys.stdout
+    fh.write({Format.json: to_json, Format.markdown: to_markdown}.get(fmt, to_text)(report))
+    fh.flush()
+    if target is not None:
+        target.close()
+    raise typer.Exit(report.exit_code)
+
+
+def _write_audit(report, fmt: Format, target) -> None:
+    from fleetctl.tokens.render import print_text, to_json, to_markdown
+
     fh = target or sys.stdout
     if fmt is Format.json:
         fh.write(to_json(report))

@@ -22,6 +22,13 @@ name, newline included, survives. Events:
 - ``{"t": "error", "step", "kind", "message", "path"}`` (kind: ``locked``, ``changed``,
   ``permission``, ``layout``, ``failed``); the process then exits non-zero.
 
+Op ``ledgers`` (read-only, no lock, no scan; request ``agents``, optional ``since``): after
+``hello``, per agent ``{"t": "ledger", "agent", "line"}`` for each non-empty line of
+``<root>/state/<agent>/ledger.jsonl`` (only lines whose ``time`` is later than ``since`` when
+given), then ``{"t": "ledger-end", "agent", "lines"}``, or instead ``{"t": "ledger-missing",
+"agent", "path"}`` / ``{"t": "ledger-unreadable", "agent", "path", "error"}``; last
+``{"t": "ledgers-end"}``.
+
 Layout on the host (DESIGN.md §5)::
 
     <root>/current -> releases/<id>        the release in use (symlink, switched by rename)
@@ -907,6 +914,49 @@ def services_step(command, restart_all):
         flush()
 
 
+def line_time(line):
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    stamp = record.get("time") if isinstance(record, dict) else None
+    return stamp if isinstance(stamp, str) else None
+
+
+def read_ledgers(root, request):
+    """Op ``ledgers``: stream each named agent's ``state/<agent>/ledger.jsonl``; read only."""
+    since = request.get("since")
+    for agent in request.get("agents", []):
+        path = os.path.join(root, b"state", enc(agent), b"ledger.jsonl")
+        if not agent or "/" in agent or agent in (".", ".."):
+            emit({"t": "ledger-unreadable", "agent": agent, "path": dec(path),
+                  "error": "not an agent name"})
+            continue
+        lines = 0
+        try:
+            with open(path, "rb") as fh:
+                for raw in fh:
+                    line = dec(raw.rstrip(b"\n"))
+                    if not line.strip():
+                        continue
+                    if since is not None:
+                        stamp = line_time(line)
+                        if stamp is not None and stamp <= since:
+                            continue
+                    emit({"t": "ledger", "agent": agent, "line": line})
+                    lines += 1
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and lines == 0:
+                emit({"t": "ledger-missing", "agent": agent, "path": dec(path)})
+            else:
+                emit({"t": "ledger-unreadable", "agent": agent, "path": dec(path),
+                      "error": os_error_text(exc)})
+            continue
+        emit({"t": "ledger-end", "agent": agent, "lines": lines})
+    emit({"t": "ledgers-end"})
+    return 0
+
+
 def main():
     request = json.loads(read_frame().decode("utf-8", "surrogateescape"))
     root = enc(request["root"])
@@ -915,6 +965,8 @@ def main():
           "python": "%d.%d.%d" % sys.version_info[:3]})
     lock_fd = None
     try:
+        if request["op"] == "ledgers":
+            return read_ledgers(root, request)
         if os.path.lexists(root) and not os.path.isdir(root):
             raise Stop("scan", "layout", "the root %s exists and is not a directory" % dec(root))
         if request["op"] == "ship" and os.path.isdir(root):

@@ -204,7 +204,8 @@ def test_markdown(tmp_path):
     ([], {**_triager(), "max_tools": "many"}, "max_tools"),
     ([], {**_triager(), "skills": ["nosuch"]}, "no skill 'nosuch'"),
     (["--counter", "claude-api"], _triager(), "ANTHROPIC_API_KEY"),
-    (["--live"], _triager(), "--live is not available yet"),
+    (["--live", "--compare", "mcp"], _triager(), "it takes no --compare"),
+    (["--live", "--since", "yesterday"], _triager(), "not an ISO 8601 time"),
 ])
 def test_bad_input_is_exit_2(tmp_path, monkeypatch, args, role, message):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)

@@ -15,6 +15,7 @@ the roles declare. One module per job:
 - :mod:`fleetctl.tokens.audit`     the library function behind the command: agents, budgets,
   ``--compare mcp``, ``--baseline``
 - :mod:`fleetctl.tokens.render`    the report as text, JSON or Markdown, from the same records
+- :mod:`fleetctl.tokens.live`      ``--live``: the runners' ledgers read from the hosts, per agent
 
 Importing this package imports nothing heavy: ``fleetctl.blueprint`` may import
 :mod:`fleetctl.tokens.declare` for the role fields without pulling in a tokenizer or the MCP SDK.

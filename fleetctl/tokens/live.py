@@ -1,0 +1,417 @@
+"""``fleetctl tokens --live``: what the runners' ledgers on the hosts say was really sent.
+
+Each runner appends one JSON line per model turn to ``<root>/state/<agent>/ledger.jsonl``
+(``blueprint/runner/fleet_runner/ledger.py``). This module reads those files from every host
+that has a selected agent, with the host-side program's read-only ``ledgers`` op (one round
+trip per host, the same transports as drift, hosts in parallel, one host's failure never stops
+the others), and summarises them per agent: turns, median and p95 prefix tokens, the model's
+reported usage per turn, the counter the runner used, and the CLIs and tools the role declares
+against those actually called (which the ledger does not record yet: reported as such).
+
+A malformed line is counted and quoted, never fatal. A missing ledger (an agent that has not
+run a turn yet) is reported and is not an error. An unreadable ledger or a host that cannot be
+read makes the report incomplete: exit 2. There is no live budget, so never exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from fleetctl.errors import EXIT_ERROR, InputError
+from fleetctl.hostcall import HostCall
+from fleetctl.inventory import Host, load_inventory
+from fleetctl.results import HostResult
+from fleetctl.transport import open_transport
+
+SCHEMA_VERSION = 1
+MALFORMED_QUOTED = 3
+"""How many malformed lines per agent are quoted in the report (all are counted)."""
+COUNTER_NOTES = {
+    "bytes/4-estimate": "UTF-8 bytes / 4, rounded up: an estimate, not a count",
+}
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens",
+              "cache_creation_input_tokens")
+
+
+def normalise_since(text: str) -> str:
+    """An ISO 8601 time as the ledger writes it (UTC, milliseconds, ``Z``); naive means UTC.
+
+    Raises:
+        InputError: not an ISO 8601 time.
+    """
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--since {text!r}: not an ISO 8601 time",
+                         hint="e.g. 2026-11-30T01:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    when = when.astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{when.microsecond // 1000:03d}Z"
+
+
+def percentile(values: list[int], pct: float) -> int | None:
+    """Nearest-rank percentile: the smallest value with at least ``pct``% of values <= it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+@dataclass
+class Malformed:
+    """A ledger line that is not a usable record: its line number (in what was read) and why."""
+
+    number: int
+    reason: str
+    line: str
+
+
+@dataclass
+class AgentLedger:
+    """One agent's ledger as read from its host, and its summary.
+
+    ``status``: ``ok`` (read), ``missing`` (no ledger yet), ``unreadable`` (the host could not
+    read it), ``host-error`` (the host could not be reached or failed).
+    """
+
+    host: str
+    agent: str
+    role: str
+    declared_clis: list[str]
+    declared_mcp_servers: list[str]
+    status: str = "ok"
+    error: str | None = None
+    path: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    malformed: list[Malformed] = field(default_factory=list)
+    lines: int = 0
+
+    def add_line(self, line: str) -> None:
+        self.lines += 1
+        line = line.encode("utf-8", "replace").decode("utf-8")  # a stray byte: quoted as "?"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            self.malformed.append(Malformed(self.lines, f"not JSON: {exc.msg}", line[:200]))
+            return
+        reason = _record_problem(record)
+        if reason:
+            self.malformed.append(Malformed(self.lines, reason, line[:200]))
+            return
+        self.records.append(record)
+
+    @property
+    def incomplete(self) -> bool:
+        return self.status in ("unreadable", "host-error")
+
+    def summary(self) -> dict[str, Any]:
+        recs = self.records
+        prefixes = [_prefix_total(r) for r in recs]
+        usage = [r["usage"] for r in recs if isinstance(r.get("usage"), dict)]
+        per_turn: dict[str, float] = {}
+        totals: dict[str, int] = {}
+        for key in USAGE_KEYS:
+            values = [u[key] for u in usage if isinstance(u.get(key), (int, float))
+                      and not isinstance(u.get(key), bool)]
+            if values:
+                totals[key] = int(sum(values))
+                per_turn[key] = round(sum(values) / len(values), 1)
+        counters = sorted({str(r.get("token_counter")) for r in recs})
+        components: dict[str, list[int]] = {}
+        for r in recs:
+            for name, value in (r.get("prefix_tokens") or {}).items():
+                components.setdefault(name, []).append(value)
+        times = sorted(r["time"] for r in recs if isinstance(r.get("time"), str))
+        return {
+            "turns": len(recs),
+            "tasks": len({r.get("task") for r in recs}),
+            "interrupted": sum(1 for r in recs if r.get("interrupted") is True),
+            "first": times[0] if times else None,
+            "last": times[-1] if times else None,
+            "prefix_tokens": {
+                "median": _median(prefixes), "p95": percentile(prefixes, 95),
+                "max": max(prefixes) if prefixes else None, "sum": sum(prefixes),
+                "components_median": {k: _median(v) for k, v in components.items()},
+            },
+            "task_prompt_tokens_median": _median(
+                [r["task_prompt_tokens"] for r in recs
+                 if isinstance(r.get("task_prompt_tokens"), int)]),
+            "token_counters": [{"name": c, "exact": any(r.get("tokens_exact") is True for r in recs
+                                                        if str(r.get("token_counter")) == c),
+                                "note": COUNTER_NOTES.get(c, "")} for c in counters],
+            "usage": {"turns_with_usage": len(usage), "per_turn_mean": per_turn,
+                      "totals": totals},
+            "calls": {
+                "declared_clis": self.declared_clis,
+                "declared_mcp_servers": self.declared_mcp_servers,
+                "called": None,
+                "note": "not recorded (the ledger keeps no per-call record): the dead weight, "
+                        "declared but never called, cannot be told yet",
+            },
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "host": self.host, "agent": self.agent, "role": self.role, "status": self.status,
+            "error": self.error, "path": self.path, "lines": self.lines,
+            "malformed": {"count": len(self.malformed),
+                          "examples": [{"line_number": m.number, "reason": m.reason,
+                                        "line": m.line}
+                                       for m in self.malformed[:MALFORMED_QUOTED]]},
+        }
+        out.update(self.summary())
+        return out
+
+
+def _prefix_total(record: dict[str, Any]) -> int:
+    return int(sum(record["prefix_tokens"].values()))
+
+
+def _median(values: list[int]) -> float | int | None:
+    return statistics.median(values) if values else None
+
+
+def _record_problem(record: Any) -> str | None:
+    """Why a parsed line is not a usable ledger record, or ``None``."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    prefix = record.get("prefix_tokens")
+    if not isinstance(prefix, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in prefix.values()):
+        return "no prefix_tokens object of integers"
+    usage = record.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return "usage is not an object"
+    return None
+
+
+@dataclass
+class LiveReport:
+    """Every selected agent's ledger summary, and each host's outcome."""
+
+    agents: list[AgentLedger]
+    hosts: list[HostResult]
+    since: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if any(h.status == "error" for h in self.hosts) or any(a.incomplete for a in self.agents):
+            return EXIT_ERROR
+        return 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "command": "tokens --live",
+            "exit_code": self.exit_code, "since": self.since,
+            "hosts": [{"host": h.host, "status": h.status, "error": h.error, "hint": h.hint}
+                      for h in self.hosts],
+            "agents": [a.to_json() for a in self.agents],
+        }
+
+
+def _declared(blueprint: Path, roles: dict[str, Any], role_name: str) -> tuple[list[str],
+                                                                               list[str]]:
+    role, settings, _path = roles[role_name]
+    clis: list[str] = []
+    for skill in role.skills:
+        bin_dir = blueprint / "skills" / skill / "bin"
+        try:
+            names = os.listdir(bin_dir)
+        except OSError:
+            continue
+        clis.extend(n for n in names if not n.startswith(".") and (
+            (bin_dir / n).is_symlink() or (bin_dir / n).is_file()))
+    return sorted(set(clis)), sorted(settings.mcp_servers)
+
+
+def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | None) -> None:
+    """Run the ``ledgers`` op on ``host`` and fill each agent's ledger from the events.
+
+    Raises:
+        HostError: unreachable host, host-side failure, timeout, or output that ended early.
+    """
+    by_name = {a.agent: a for a in ledgers}
+    request: dict[str, Any] = {"op": "ledgers", "root": host.root, "agents": list(by_name)}
+    if since is not None:
+        request["since"] = since
+    transport = open_transport(host)
+    transport.connect()
+    call = None
+    try:
+        call = HostCall(transport, host.python, request, host.timeout_s)
+        for event in call.events():
+            kind = event.get("t")
+            mine = by_name.get(event.get("agent"))
+            if kind == "ledger" and mine is not None:
+                mine.add_line(event["line"])
+            elif kind == "ledger-missing" and mine is not None:
+                mine.status, mine.path = "missing", event.get("path")
+            elif kind == "ledger-unreadable" and mine is not None:
+                mine.status, mine.path = "unreadable", event.get("path")
+                mine.error = f"{host.name}: {event.get('path')}: {event.get('error')}"
+            elif kind == "ledger-end" and mine is not None:
+                mine.path = mine.path or f"{host.root}/state/{mine.agent}/ledger.jsonl"
+            elif kind == "ledgers-end":
+                break
+        else:
+            raise call.broken("the ledgers ended early")
+        call.finish()
+    finally:
+        if call is not None:
+            call.kill()
+        transport.close()
+
+
+def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
+                since: str | None = None, parallel: int = 8) -> LiveReport:
+    """Read and summarise the ledgers of the selected agents (all when none) from their hosts.
+
+    Raises:
+        InputError: bad inventory, blueprint, agent name or ``since``.
+    """
+    from fleetctl.ship import run_hosts
+    from fleetctl.tokens.audit import _select, load_roles
+
+    blueprint = Path(blueprint)
+    roles = load_roles(blueprint)
+    inv = load_inventory(Path(inventory), set(roles))
+    selected = _select(inv, agents)
+    since_norm = normalise_since(since) if since is not None else None
+    ledgers: list[AgentLedger] = []
+    per_host: dict[str, list[AgentLedger]] = {}
+    for host_name, agent in selected:
+        clis, servers = _declared(blueprint, roles, agent.role)
+        entry = AgentLedger(host_name, agent.name, agent.role, clis, servers)
+        ledgers.append(entry)
+        per_host.setdefault(host_name, []).append(entry)
+    hosts = [h for h in inv.hosts if h.name in per_host]
+    lock = threading.Lock()
+
+    def work(host: Host) -> HostResult:
+        mine = per_host[host.name]
+        try:
+            read_host_ledgers(host, mine, since_norm)
+        except Exception:
+            with lock:
+                for entry in mine:  # nothing half-read is summarised as if it were whole
+                    entry.records.clear()
+                    entry.malformed.clear()
+                    entry.lines = 0
+                    entry.status = "host-error"
+            raise
+        return HostResult(host.name, "ok")
+
+    results = run_hosts(hosts, work, parallel)
+    for result in results:
+        if result.status != "ok":
+            for entry in per_host[result.host]:
+                entry.status, entry.error = "host-error", result.error
+    return LiveReport(ledgers, results, since_norm)
+
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _n(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.1f}"
+    return f"{int(value):,}"
+
+
+def _agent_lines(a: dict[str, Any]) -> list[str]:
+    """The report of one agent, as plain lines (shared by text and Markdown)."""
+    head = f"{a['host']}/{a['agent']} (role {a['role']}): "
+    if a["status"] == "host-error":
+        return [head + f"host error: {a['error']}"]
+    if a["status"] == "unreadable":
+        return [head + f"ledger unreadable: {a['error']}"]
+    if a["status"] == "missing":
+        return [head + f"no ledger yet ({a['path']})"]
+    p = a["prefix_tokens"]
+    out = [head + f"{a['turns']:,} turns in {a['tasks']:,} tasks"
+           + (f" ({a['interrupted']} interrupted)" if a["interrupted"] else "")
+           + (f", {a['first']} .. {a['last']}" if a["first"] else "")]
+    counters = ", ".join(
+        c["name"] + (f" ({c['note']})" if c["note"] else "") for c in a["token_counters"]) or "-"
+    out.append(f"  prefix tokens per turn: median {_n(p['median'])}, p95 {_n(p['p95'])}, "
+               f"max {_n(p['max'])}, all turns {_n(p['sum'])}; counter {counters}")
+    if p["components_median"]:
+        out.append("  prefix components (median): " + ", ".join(
+            f"{k} {_n(v)}" for k, v in p["components_median"].items()))
+    out.append(f"  task prompt tokens (median): {_n(a['task_prompt_tokens_median'])}")
+    u = a["usage"]
+    if u["turns_with_usage"]:
+        out.append(f"  model-reported usage ({u['turns_with_usage']} of {a['turns']} turns), "
+                   "per turn: " + ", ".join(f"{k} {_n(v)}" for k, v in u["per_turn_mean"].items()))
+    else:
+        out.append("  model-reported usage: none (the agent command reported no usage)")
+    c = a["calls"]
+    out.append("  declared: CLIs " + (", ".join(c["declared_clis"]) or "(none)")
+               + "; MCP servers " + (", ".join(c["declared_mcp_servers"]) or "(none)"))
+    out.append(f"  called: {c['note']}")
+    m = a["malformed"]
+    if m["count"]:
+        out.append(f"  malformed lines: {m['count']} (skipped)")
+        out.extend(f"    line {e['line_number']}: {e['reason']}: {e['line'][:80]!r}"
+                   for e in m["examples"])
+    return out
+
+
+def _footer(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for h in doc["hosts"]:
+        if h["status"] != "ok":
+            out.append(f"host {h['host']}: {h['status']}: {h['error']}")
+    if doc["since"]:
+        out.append(f"only turns after {doc['since']}")
+    if doc["exit_code"]:
+        out.append("incomplete: a host or a ledger could not be read (exit 2)")
+    return out
+
+
+def to_text(report: LiveReport) -> str:
+    """The report for people: a block per agent, then the hosts that failed."""
+    doc = report.to_json()
+    lines: list[str] = []
+    for a in doc["agents"]:
+        lines.extend(_agent_lines(a))
+    lines.extend(_footer(doc))
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown(report: LiveReport) -> str:
+    """The report as Markdown: one table of agents, then each agent's details."""
+    doc = report.to_json()
+    out = ["| agent | status | turns | median prefix | p95 prefix | usage in/turn | "
+           "usage out/turn | counter | malformed |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for a in doc["agents"]:
+        p = a["prefix_tokens"]
+        per = a["usage"]["per_turn_mean"]
+        out.append(f"| {a['host']}/{a['agent']} | {a['status']} | {a['turns']} | "
+                   f"{_n(p['median'])} | {_n(p['p95'])} | {_n(per.get('input_tokens'))} | "
+                   f"{_n(per.get('output_tokens'))} | "
+                   f"{', '.join(c['name'] for c in a['token_counters']) or '-'} | "
+                   f"{a['malformed']['count']} |")
+    out.append("")
+    for a in doc["agents"]:
+        out.extend(["```text", *_agent_lines(a), "```"])
+    out.extend(f"- {line}" for line in _footer(doc))
+    return "\n".join(out) + "\n"
+
+
+def to_json(report: LiveReport) -> str:
+    """The report as one JSON document."""
+    return json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n"

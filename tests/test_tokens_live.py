@@ -1,0 +1,182 @@
+"""``fleetctl tokens --live`` against real hosts: the local transport and an sshd box.
+
+The ledgers are written by the test with the runner's own record function
+(``blueprint/runner/fleet_runner/ledger.py``'s ``ledger_record``), so every line has the runner's
+exact fields; the statistics are computed here from the numbers the test chose.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+from tests.helpers import local_host, snapshot, ssh_host, write_inventory
+from tests.mcp_servers.project import REPO, make_tokens_project
+from tests.sshd_boxes import free_port
+from tests.test_tokens_cli import tokens
+
+sys.path.insert(0, str(REPO / "blueprint" / "runner"))
+from fleet_runner.ledger import ledger_record  # noqa: E402
+
+ROLE = {"prompt": "You triage incoming issues.", "skills": ["reply"]}
+
+
+def record(agent: str, host: str, i: int, role_prompt: int, usage: dict | None = None,
+           time: str | None = None) -> dict:
+    rec = ledger_record(agent=agent, host=host, model=None, task=f"m-{i}", attempt=1,
+                        run=f"m-{i}/1", prefix_tokens={"role_prompt": role_prompt,
+                                                       "skills_index": 30, "cli_index": 20},
+                        task_prompt_tokens=15, usage=usage, duration_s=0.5,
+                        outcome="exited with status 0")
+    if time is not None:
+        rec["time"] = time
+    return rec
+
+
+def write_ledger(root: Path, agent: str, lines: list[str]) -> Path:
+    path = root / "state" / agent / "ledger.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def project(tmp_path: Path, hosts: dict[str, dict]) -> tuple[Path, Path]:
+    _inv, bp = make_tokens_project(tmp_path, {"triager": ROLE})
+    return write_inventory(tmp_path / "live.yaml", hosts), bp
+
+
+def test_local_and_ssh_hosts_are_summarised(tmp_path, sshd_pool, ssh_client_key,
+                                            ssh_known_hosts):
+    """20 turns on a local host and 7 on an sshd box: turns, median and p95 of the prefix sums,
+    usage per turn, the counter named as an estimate, a malformed line counted, a missing ledger
+    reported, and nothing on either host changed by reading."""
+    local_root, ssh_root = tmp_path / "local", tmp_path / "sshbox"
+    # Local agent: role_prompt 1..20 in a shuffled order, so the prefix sums are 51..70.
+    sizes = list(range(1, 21))
+    random.Random(4).shuffle(sizes)
+    usage = {"input_tokens": 1000, "output_tokens": 50}
+    lines = [json.dumps(record("t1", "local", i, n, usage if i < 4 else None))
+             for i, n in enumerate(sizes)]
+    lines.insert(7, '{"time": "2026-11-30T00:00:00.000Z", "agent": "t1"')  # cut short
+    lines.insert(9, json.dumps({"agent": "t1", "prefix_tokens": "many"}))  # not a record
+    write_ledger(local_root, "t1", lines)
+    # The sshd box: 7 turns with prefixes 60, 70, ..., 120.
+    write_ledger(ssh_root, "s1", [json.dumps(record("s1", "box", i, 10 * i + 10))
+                                  for i in range(7)])
+    inv, bp = project(tmp_path, {
+        "local": local_host(local_root, {"t1": {"role": "triager"},
+                                         "t2": {"role": "triager"}}),
+        "box": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, ssh_root,
+                        {"s1": {"role": "triager"}})})
+    before = (snapshot(local_root), snapshot(ssh_root))
+
+    run = tokens("--live", "--format", "json", project=(inv, bp))
+    assert run.code == 0, run.stdout + run.stderr
+    assert (snapshot(local_root), snapshot(ssh_root)) == before
+    doc = run.doc
+    assert doc["command"] == "tokens --live" and doc["exit_code"] == 0
+    assert [h["status"] for h in doc["hosts"]] == ["ok", "ok"]
+
+    t1 = run.agent("t1")
+    prefixes = sorted(n + 50 for n in sizes)
+    assert t1["status"] == "ok" and t1["turns"] == 20
+    assert t1["prefix_tokens"]["median"] == (prefixes[9] + prefixes[10]) / 2 == 60.5
+    assert t1["prefix_tokens"]["p95"] == prefixes[18] == 69  # nearest rank: the 19th of 20
+    assert t1["prefix_tokens"]["max"] == 70 and t1["prefix_tokens"]["sum"] == sum(prefixes)
+    assert t1["malformed"]["count"] == 2 and t1["lines"] == 22
+    assert [e["line_number"] for e in t1["malformed"]["examples"]] == [8, 10]
+    assert t1["usage"]["turns_with_usage"] == 4
+    assert t1["usage"]["per_turn_mean"] == {"input_tokens": 1000, "output_tokens": 50}
+    assert t1["token_counters"] == [{"name": "bytes/4-estimate", "exact": False,
+                                     "note": "UTF-8 bytes / 4, rounded up: an estimate, "
+                                             "not a count"}]
+    assert t1["calls"]["declared_clis"] == ["reply"] and t1["calls"]["called"] is None
+    assert t1["calls"]["note"].startswith("not recorded")
+
+    s1 = run.agent("s1")
+    assert s1["status"] == "ok" and s1["host"] == "box" and s1["turns"] == 7
+    assert s1["prefix_tokens"]["median"] == 90 and s1["prefix_tokens"]["p95"] == 120
+    assert s1["malformed"]["count"] == 0 and s1["usage"]["turns_with_usage"] == 0
+
+    t2 = run.agent("t2")
+    assert t2["status"] == "missing" and t2["turns"] == 0
+    assert t2["path"] == str(local_root / "state" / "t2" / "ledger.jsonl")
+
+    text = tokens("--live", project=(inv, bp))
+    assert text.code == 0
+    assert "local/t1 (role triager): 20 turns" in text.stdout
+    assert "median 60.5, p95 69" in text.stdout
+    assert "bytes/4-estimate (UTF-8 bytes / 4, rounded up: an estimate, not a count)" \
+        in text.stdout
+    assert "malformed lines: 2 (skipped)" in text.stdout
+    assert "local/t2 (role triager): no ledger yet" in text.stdout
+    assert "box/s1 (role triager): 7 turns" in text.stdout
+    assert "called: not recorded" in text.stdout
+    md = tokens("--live", "--format", "markdown", project=(inv, bp))
+    assert md.code == 0 and "| local/t1 | ok | 20 | 60.5 | 69 | 1,000 | 50 |" in md.stdout
+
+    only = tokens("--live", "--format", "json", "box/s1", project=(inv, bp))
+    assert [a["agent"] for a in only.doc["agents"]] == ["s1"]
+
+
+def test_dead_host_among_live_ones_is_exit_2(tmp_path, sshd_pool, ssh_client_key,
+                                             ssh_known_hosts):
+    """A port nobody listens on: that host's agents are host errors, exit 2, and the live
+    local host and sshd box are still summarised."""
+    roots = {"local": tmp_path / "l", "box": tmp_path / "b"}
+    write_ledger(roots["local"], "t1", [json.dumps(record("t1", "local", i, 5)) for i in range(3)])
+    write_ledger(roots["box"], "s1", [json.dumps(record("s1", "box", i, 7)) for i in range(4)])
+    dead = ssh_host(sshd_pool[1], ssh_client_key, ssh_known_hosts, tmp_path / "d",
+                    {"d1": {"role": "triager"}})
+    dead["port"] = free_port()
+    inv, bp = project(tmp_path, {
+        "local": local_host(roots["local"], {"t1": {"role": "triager"}}),
+        "dead": dead,
+        "box": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, roots["box"],
+                        {"s1": {"role": "triager"}}),
+    })
+    run = tokens("--live", "--format", "json", project=(inv, bp))
+    assert run.code == 2, run.stdout + run.stderr
+    assert {h["host"]: h["status"] for h in run.doc["hosts"]} == {
+        "local": "ok", "dead": "error", "box": "ok"}
+    assert run.agent("d1")["status"] == "host-error" and run.agent("d1")["error"]
+    assert run.agent("t1")["turns"] == 3 and run.agent("t1")["prefix_tokens"]["median"] == 55
+    assert run.agent("s1")["turns"] == 4 and run.agent("s1")["prefix_tokens"]["p95"] == 57
+    text = tokens("--live", project=(inv, bp))
+    assert text.code == 2
+    assert "dead/d1 (role triager): host error:" in text.stdout
+    assert "incomplete: a host or a ledger could not be read (exit 2)" in text.stdout
+
+
+def test_unreadable_ledger_is_exit_2(tmp_path):
+    """A ledger the host cannot read (here a directory in its place) is reported with the
+    host's reason and makes the report incomplete; the other agent is summarised."""
+    root = tmp_path / "r"
+    (root / "state" / "t1" / "ledger.jsonl").mkdir(parents=True)
+    write_ledger(root, "t2", [json.dumps(record("t2", "local", 0, 9))])
+    inv, bp = project(tmp_path, {"local": local_host(root, {"t1": {"role": "triager"},
+                                                            "t2": {"role": "triager"}})})
+    run = tokens("--live", "--format", "json", project=(inv, bp))
+    assert run.code == 2
+    assert run.doc["hosts"][0]["status"] == "ok"
+    assert run.agent("t1")["status"] == "unreadable"
+    assert "Is a directory" in run.agent("t1")["error"]
+    assert run.agent("t2")["turns"] == 1
+
+
+def test_since_keeps_only_later_turns(tmp_path):
+    """``--since`` (any ISO 8601 form) is applied on the host: only turns that ended after it."""
+    root = tmp_path / "r"
+    times = ["2026-11-30T00:59:59.999Z", "2026-11-30T01:00:00.000Z",
+             "2026-11-30T01:00:00.001Z", "2026-11-30T03:00:00.000Z"]
+    write_ledger(root, "t1", [json.dumps(record("t1", "local", i, 10 * i, time=t))
+                              for i, t in enumerate(times)])
+    inv, bp = project(tmp_path, {"local": local_host(root, {"t1": {"role": "triager"}})})
+    run = tokens("--live", "--format", "json", "--since", "2026-11-30T02:00:00+01:00",
+                 project=(inv, bp))
+    assert run.code == 0
+    assert run.doc["since"] == "2026-11-30T01:00:00.000Z"
+    assert run.agent("t1")["turns"] == 2
+    assert run.agent("t1")["first"] == times[2]
