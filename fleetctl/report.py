@@ -8,6 +8,7 @@ the managed tree; a name that is not valid UTF-8 is escaped (:mod:`fleetctl.name
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rich import box
@@ -177,6 +178,16 @@ def _md(text: str) -> str:
     return printable(text).replace("|", "\\|").replace("`", "\\`")
 
 
+def _md_code(text: str) -> str:
+    """``text`` as a Markdown code span in a table cell: backslashes do not escape inside a code
+    span, so the fence is one backtick longer than the longest run of backticks in the text
+    (CommonMark), and ``|`` is escaped for the table (GFM)."""
+    shown = printable(text).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
 def to_markdown(results: list[HostResult], title: str) -> str:
     """A Markdown report: a summary table, then one table of changes per host."""
     lines = [f"# {title}", "", "| host | status | changes | note |", "| --- | --- | --- | --- |"]
@@ -190,8 +201,8 @@ def to_markdown(results: list[HostResult], title: str) -> str:
         if r.changes:
             lines += ["| path | change | origin | live | desired |", "| --- | --- | --- | --- | --- |"]
             for c in r.changes:
-                lines.append(f"| `{_md(c.path)}` | {c.change} | {c.origin} | "
+                lines.append(f"| {_md_code(c.path)} | {c.change} | {c.origin} | "
                              f"{_md(_attr_summary(c, c.live))} | {_md(_attr_summary(c, c.desired))} |")
         for u in r.unreadable:
-            lines.append(f"- unreadable: `{_md(u.path)}`: {_md(u.error)}")
+            lines.append(f"- unreadable: {_md_code(u.path)}: {_md(u.error)}")
     return "\n".join(lines) + "\n"

@@ -141,3 +141,16 @@ def test_declining_with_json_still_writes_the_document(tmp_path):
     assert status == 3
     doc = json.loads(out_file.read_text())
     assert doc["hosts"][0]["status"] == "declined" and doc["exit_code"] == 3
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("runner/conf", "`runner/conf`"),
+    ("a`b", "``a`b``"),
+    ("`x", "`` `x ``"),
+    ("a|b", "`a\\|b`"),
+])
+def test_markdown_code_spans_survive_backticks(name, expected):
+    """Regression: a backtick in a name was backslash-escaped inside a code span, where
+    Markdown does not honour backslashes."""
+    from fleetctl.report import _md_code
+    assert _md_code(name) == expected
