@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import getpass
-import hashlib
 import json
 import socket
 import time
@@ -31,7 +30,7 @@ from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.errors import FleetctlError, HostError, ShipRefused
 from fleetctl.hostcall import encode_json, frame, interrupt_all
 from fleetctl.inventory import Host
-from fleetctl.manifest import FILE, Manifest
+from fleetctl.manifest import FILE, Manifest, sha256_digest
 from fleetctl.names import printable
 from fleetctl.render import DesiredTree, render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
@@ -46,7 +45,7 @@ def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -
     body = json.dumps([[c.path, c.change, c.origin, c.live and c.live.to_json(),
                         c.desired and c.desired.to_json()] for c in changes] +
                       [desired.digest(), current], ensure_ascii=True)
-    return "sha256:" + hashlib.sha256(body.encode("ascii")).hexdigest()
+    return sha256_digest(body.encode("ascii"))
 
 
 def drift_host(blueprint: Blueprint, host: Host, progress: Progress) -> HostResult:

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from fleetctl.tokens.declare import McpServerDecl, TokenSettings
+from fleetctl.blueprint import Role
+from fleetctl.tokens.declare import McpServerDecl
 from fleetctl.tokens.mcp_list import list_servers, read_snapshot
 from tests.mcp_servers import tracker as tracker_module
 from tests.mcp_servers.project import REPO, SERVER, SNAPSHOT, TRACKER_ENV
@@ -104,7 +105,7 @@ def test_bad_snapshots(tmp_path):
     ({"mcp_servers": {"t": {}}}, "exactly one of command"),
     ({"mcp_servers": {"t": {"command": ["x"], "snapshot": "y"}}}, "exactly one of command"),
     ({"mcp_servers": {"t": {"snapshot": "y", "env": {"A": "1"}}}}, "env and cwd"),
-    ({"mcp_servers": {"t t": {"snapshot": "y"}}}, "server name"),
+    ({"mcp_servers": {"t t": {"snapshot": "y"}}}, "should match pattern"),
     ({"mcp_servers": {"t": {"command": ["x"], "startup_timeout_s": 0}}}, "greater than 0"),
     ({"max_tools": -1}, "greater than or equal to 0"),
 ])
@@ -112,4 +113,4 @@ def test_declarations_are_validated(bad, message):
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match=message):
-        TokenSettings.model_validate(bad)
+        Role.model_validate({"prompt": "p", **bad})

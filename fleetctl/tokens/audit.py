@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl.blueprint import Role
+from fleetctl.blueprint import Role, load_blueprint
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError, worst_exit
 from fleetctl.inventory import load_inventory
 from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, JsonFileCache,
                                       O200kCounter, anthropic_client)
-from fleetctl.tokens.declare import McpServerDecl, TokenSettings, split_role_data
+from fleetctl.tokens.declare import McpServerDecl
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
 from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
                                      measure_claude, measure_offline)
 from fleetctl.tokens.models import ContextWindow, context_window
-from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
+from fleetctl.yamlfile import display_path
 
 SCHEMA_VERSION = 1
 DEFAULT_CLAUDE_MODEL = "claude-sonnet-4-5"
@@ -199,33 +199,15 @@ class TokensReport:
         return worst_exit([a.exit_code for a in self.agents])
 
 
-def load_roles(blueprint: Path) -> dict[str, tuple[Role, TokenSettings, Path]]:
-    """Every role of the blueprint with its ``fleetctl tokens`` settings and file.
-
-    The settings keys are split off and validated as :class:`TokenSettings`; the rest of the file
-    is validated as ``fleetctl.blueprint.Role``, as ``load_blueprint`` does, so a role file is
-    accepted here whether or not ``Role`` has the settings fields yet.
+def load_roles(blueprint: Path) -> dict[str, Role]:
+    """Every role of the blueprint, loaded and checked by :func:`fleetctl.blueprint.load_blueprint`
+    (whose ``Role`` carries the ``fleetctl tokens`` keys: ``mcp_servers``, ``max_tool_tokens``,
+    ``max_tools``).
 
     Raises:
         InputError: no blueprint, a bad role file, or a role naming a missing skill.
     """
-    if not blueprint.is_dir():
-        raise InputError(f"{blueprint}: blueprint directory not found",
-                         hint="pass --blueprint PATH or run from the fleet repository")
-    skills_dir = blueprint / "skills"
-    skills = {p.name for p in skills_dir.iterdir() if p.is_dir()} if skills_dir.is_dir() else set()
-    roles = {}
-    for path in sorted((blueprint / "roles").glob("*.yaml")):
-        data, node = load_yaml(path)
-        rest, mine = split_role_data(data)
-        role = load_model(path, Role, rest, node)
-        settings = load_model(path, TokenSettings, mine, node)
-        for i, skill in enumerate(role.skills):
-            if skill not in skills:
-                raise input_error(path, node, ["skills", i], f"no skill {skill!r} in {skills_dir}",
-                                  hint=f"skills defined: {', '.join(sorted(skills)) or '(none)'}")
-        roles[path.stem] = (role, settings, path)
-    return roles
+    return load_blueprint(blueprint).roles
 
 
 def _select(inventory: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -375,7 +357,7 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     used_roles = list(dict.fromkeys(a.role for _, a in selected))
     decls: dict[str, McpServerDecl] = {}
     for role_name in used_roles:
-        for decl in roles[role_name][1].mcp_servers.values():
+        for decl in roles[role_name].mcp_servers.values():
             decls.setdefault(_decl_key(decl), decl)
     listed = list_servers(decls, blueprint)
 
@@ -389,9 +371,9 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
 
     per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None]] = {}
     for role_name in used_roles:
-        role, settings, _path = roles[role_name]
+        role = roles[role_name]
         listings = tuple(
-            _renamed(listed[_decl_key(d)], name) for name, d in settings.mcp_servers.items())
+            _renamed(listed[_decl_key(d)], name) for name, d in role.mcp_servers.items())
         servers = [prefix_module.McpServerTools(s.name, s.tools, s.instructions)
                    for s in listings if s.measured]
         try:
@@ -402,9 +384,9 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             raise InputError(f"role {role_name}: {exc}") from None
         measurement = measure(prefix, role.model)
         comparison = None
-        if options.compare_mcp and settings.mcp_servers:
-            comparison = _compare(prefix_module, role, settings, skills_dir, measurement,
-                                  listings, measure)
+        if options.compare_mcp and role.mcp_servers:
+            comparison = _compare(prefix_module, role, skills_dir, measurement, listings,
+                                  measure)
         per_role[role_name] = (measurement, listings, comparison)
 
     counter_info: dict[str, Any] = {"name": counter.name, "exact": True, **counter.provenance()}
@@ -422,13 +404,13 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
 
     agents = []
     for host, agent in selected:
-        role, settings, _path = roles[agent.role]
+        role = roles[agent.role]
         measurement, listings, comparison = per_role[agent.role]
         report = AgentReport(
             agent=agent.name, host=host, role=agent.role, model=role.model,
             measurement=measurement, window=context_window(role.model),
-            budget_tokens=role.budget_tokens, max_tool_tokens=settings.max_tool_tokens,
-            max_tools=settings.max_tools, servers=listings, compare=comparison)
+            budget_tokens=role.budget_tokens, max_tool_tokens=role.max_tool_tokens,
+            max_tools=role.max_tools, servers=listings, compare=comparison)
         for s in listings:
             if not s.measured:
                 report.findings.append(Finding(
@@ -463,12 +445,11 @@ def _renamed(listing: ServerListing, name: str) -> ServerListing:
     return listing if listing.name == name else replace(listing, name=name)
 
 
-def _compare(prefix_module: Any, role: Role, settings: TokenSettings, skills_dir: Path,
-             declared: Measurement, listings: tuple[ServerListing, ...], measure: Any
-             ) -> Comparison:
+def _compare(prefix_module: Any, role: Role, skills_dir: Path, declared: Measurement,
+             listings: tuple[ServerListing, ...], measure: Any) -> Comparison:
     bridge_skill = prefix_module.BRIDGE_SKILL
     skills = list(role.skills) + ([bridge_skill] if bridge_skill not in role.skills else [])
-    servers = tuple(settings.mcp_servers)
+    servers = tuple(role.mcp_servers)
     try:
         prefix = prefix_module.build_prefix(
             role.prompt, skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,

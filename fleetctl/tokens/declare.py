@@ -19,22 +19,16 @@ a ``tools/list`` result, ``{"tools": [...]}`` (a JSON-RPC response holding one i
 works too), optionally with ``"instructions"`` (the server's, from ``initialize``); pages may be
 given as a list of such results.
 
-These models import nothing but pydantic, so :mod:`fleetctl.blueprint` can use them as the
-``Role`` fields of the same names (:data:`ROLE_FIELDS`). Until it does, :func:`read_settings`
-reads them from the role file itself.
+This module imports nothing but pydantic, so :mod:`fleetctl.blueprint` uses it for the
+``Role`` fields ``mcp_servers`` (names matching :data:`SERVER_NAME`), ``max_tool_tokens`` and
+``max_tools``, validated with the rest of the role by ``load_blueprint``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SERVER_NAME = r"^[A-Za-z0-9_-]{1,64}$"
-
-ROLE_FIELDS = ("mcp_servers", "max_tool_tokens", "max_tools")
-"""The role keys this module defines (the rest of a role is ``fleetctl.blueprint.Role``)."""
 
 
 class McpServerDecl(BaseModel):
@@ -63,45 +57,3 @@ class McpServerDecl(BaseModel):
         if self.snapshot is not None and (self.env or self.cwd):
             raise ValueError("env and cwd apply to a command, not to a snapshot")
         return self
-
-
-class TokenSettings(BaseModel):
-    """The ``fleetctl tokens`` keys of one role (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
-    mcp_servers: dict[str, McpServerDecl] = Field(default_factory=dict)
-    max_tool_tokens: int | None = Field(default=None, gt=0)
-    max_tools: int | None = Field(default=None, ge=0)
-
-    @field_validator("mcp_servers")
-    @classmethod
-    def _names(cls, value: dict[str, McpServerDecl]) -> dict[str, McpServerDecl]:
-        import re
-
-        for name in value:
-            if not re.match(SERVER_NAME, name):
-                raise ValueError(f"server name {name!r} must be 1 to 64 letters, digits, "
-                                 "'_' or '-'")
-        return value
-
-
-def split_role_data(data: Any) -> tuple[Any, dict[str, Any]]:
-    """Split a role file's mapping into ``(the rest, the TokenSettings keys)``."""
-    if not isinstance(data, dict):
-        return data, {}
-    rest = {k: v for k, v in data.items() if k not in ROLE_FIELDS}
-    mine = {k: v for k, v in data.items() if k in ROLE_FIELDS}
-    return rest, mine
-
-
-def read_settings(role_file: Path) -> TokenSettings:
-    """The ``fleetctl tokens`` keys of one role file, validated.
-
-    Raises:
-        InputError: bad YAML, or a bad key (with file, line and key path).
-    """
-    from fleetctl.yamlfile import load_model, load_yaml
-
-    data, node = load_yaml(role_file)
-    _, mine = split_role_data(data)
-    return load_model(role_file, TokenSettings, mine, node)

@@ -220,7 +220,7 @@ class LiveReport:
 
 def _declared(blueprint: Path, roles: dict[str, Any], role_name: str) -> tuple[list[str],
                                                                                list[str]]:
-    role, settings, _path = roles[role_name]
+    role = roles[role_name]
     clis: list[str] = []
     for skill in role.skills:
         bin_dir = blueprint / "skills" / skill / "bin"
@@ -230,7 +230,7 @@ def _declared(blueprint: Path, roles: dict[str, Any], role_name: str) -> tuple[l
             continue
         clis.extend(n for n in names if not n.startswith(".") and (
             (bin_dir / n).is_symlink() or (bin_dir / n).is_file()))
-    return sorted(set(clis)), sorted(settings.mcp_servers)
+    return sorted(set(clis)), sorted(role.mcp_servers)
 
 
 def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | None) -> None:
