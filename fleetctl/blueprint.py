@@ -152,12 +152,19 @@ class Blueprint:
     files: dict[str, SourceFile]
     attributes: Attributes
     ignore: pathspec.PathSpec = field(default_factory=lambda: pathspec.PathSpec([]))
+    # Each files: rule's pattern compiled once, not once per path of every render.
+    _rule_specs: tuple[tuple[FileRule, pathspec.PathSpec], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rule_specs", tuple(
+            (rule, pathspec.PathSpec.from_lines("gitignore", [rule.match]))
+            for rule in self.attributes.files))
 
     def file_rule(self, tree_path: str) -> FileRule | None:
         """Return the last declared rule matching ``tree_path``, or ``None``."""
         found = None
-        for rule in self.attributes.files:
-            if pathspec.PathSpec.from_lines("gitignore", [rule.match]).match_file(tree_path):
+        for rule, spec in self._rule_specs:
+            if spec.match_file(tree_path):
                 found = rule
         return found
 
