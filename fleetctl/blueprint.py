@@ -58,6 +58,14 @@ Mode = Annotated[str, BeforeValidator(_mode)]
 Owner = Annotated[str, AfterValidator(_owner)]
 
 
+class RepoSync(BaseModel):
+    """How the runner syncs a role's working repository before and after a task (docs/runner.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    remote: str = Field(default="origin", pattern=r"^[A-Za-z0-9._-]+$")
+    branch: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
+
+
 class Role(BaseModel):
     """One ``roles/<role>.yaml``: what an agent of this role is and may do.
 
@@ -80,6 +88,10 @@ class Role(BaseModel):
         Field(default_factory=dict)
     max_tool_tokens: int | None = Field(default=None, gt=0)
     max_tools: int | None = Field(default=None, ge=0)
+    # Gitignore-style patterns, relative to the workspace, of what a run may change; a change
+    # elsewhere fails the runner's scope gate. None: every path of the workspace.
+    writes: list[str] | None = None
+    sync: RepoSync | None = None
 
 
 class FileRule(BaseModel):
