@@ -5,7 +5,7 @@ Layout::
     blueprint/runner/               the agent runner, copied to every host
     blueprint/skills/<name>/        SKILL.md and the CLIs in bin/, copied where a role uses them
     blueprint/roles/<role>.yaml     prompt, skills, capabilities, check command, budgets
-    blueprint/credentials/          least-privilege credential templates (rendered by a later issue)
+    blueprint/credentials/<cap>/    one capability: capability.yaml and its credential templates
     blueprint/attributes.yaml       declared modes/owners and empty directories (optional)
     blueprint/.fleetignore          live paths that change by design, never drift (optional)
 
@@ -27,9 +27,10 @@ from typing import Annotated, Any
 import pathspec
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from fleetctl.capabilities import Capability, load_capabilities, skill_needs
 from fleetctl.errors import InputError
 from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl
-from fleetctl.yamlfile import input_error, load_model, load_yaml
+from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
 _OWNER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*:[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -155,6 +156,8 @@ class Blueprint:
         files: every source file, keyed by its path relative to ``root``.
         attributes: declared modes, owners and directories.
         ignore: the ``.fleetignore`` patterns (gitignore syntax) for live paths.
+        capabilities: capability name → :class:`~fleetctl.capabilities.Capability`.
+        skill_needs: skill name → {capability: ``read`` | ``write``} from its ``SKILL.md``.
     """
 
     root: Path
@@ -164,6 +167,8 @@ class Blueprint:
     files: dict[str, SourceFile]
     attributes: Attributes
     ignore: pathspec.PathSpec = field(default_factory=lambda: pathspec.PathSpec([]))
+    capabilities: dict[str, Capability] = field(default_factory=dict)
+    skill_needs: dict[str, dict[str, str]] = field(default_factory=dict)
     # Each files: rule's pattern compiled once, not once per path of every render.
     _rule_specs: tuple[tuple[FileRule, pathspec.PathSpec], ...] = ()
 
@@ -250,6 +255,16 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
             if entry.is_dir():
                 skills[entry.name] = entry
 
+    capabilities = load_capabilities(root / "credentials")
+    needs = {}
+    for name, skill_dir in skills.items():
+        needs[name] = skill_needs(skill_dir / "SKILL.md")
+        for capability in needs[name]:
+            if capability not in capabilities:
+                raise InputError(f"{display_path(skill_dir / 'SKILL.md')}: capabilities: no capability "
+                                 f"{capability!r} in {root / 'credentials'}",
+                                 hint=f"capabilities defined: {', '.join(capabilities) or '(none)'}")
+
     roles = {}
     roles_dir = root / "roles"
     if roles_dir.is_dir():
@@ -261,6 +276,12 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                     raise input_error(path, node, ["skills", i],
                                       f"no skill {skill!r} in {skills_dir}",
                                       hint=f"skills defined: {', '.join(skills) or '(none)'}")
+            for i, capability in enumerate(role.capabilities):
+                if capability not in capabilities:
+                    raise input_error(path, node, ["capabilities", i],
+                                      f"no capability {capability!r} in {root / 'credentials'}",
+                                      hint=f"capabilities defined: "
+                                      f"{', '.join(capabilities) or '(none)'}")
             roles[path.stem] = role
 
     attributes = Attributes()
@@ -274,7 +295,8 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
         ignore = pathspec.PathSpec.from_lines("gitignore",
                                               ignore_path.read_text("utf-8").splitlines())
     return Blueprint(root=root, templates=templates, roles=roles, skills=skills, files=files,
-                     attributes=attributes, ignore=ignore)
+                     attributes=attributes, ignore=ignore, capabilities=capabilities,
+                     skill_needs=needs)
 
 
 def role_summary(role: Role) -> dict[str, Any]:

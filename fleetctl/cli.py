@@ -49,7 +49,7 @@ def _load(inventory: Optional[Path], blueprint: Optional[Path],
           timeout_s: float | None) -> tuple[Inventory, Blueprint]:
     project = find_project()
     bp = load_blueprint(blueprint or project / "blueprint")
-    inv = load_inventory(inventory or project / "inventory" / "demo.yaml", set(bp.roles))
+    inv = load_inventory(inventory or project / "inventory" / "demo.yaml", blueprint=bp)
     if timeout_s is not None:
         from dataclasses import replace
 
@@ -232,20 +232,31 @@ def render(
     inventory: Optional[Path] = InventoryOpt,
     blueprint: Optional[Path] = BlueprintOpt,
 ) -> None:
-    """Write one host's desired tree locally (exit 0, or 2 on error)."""
+    """Write one host's desired tree locally (exit 0, or 2 on error).
+
+    Credential files are left out: secrets never go to local disk.
+    """
 
     def body() -> int:
         inv, bp = _load(inventory, blueprint, None)
         (selected,) = inv.select([host])
-        tree = render_host(bp, selected)
+        tree = render_host(bp, selected, with_credentials=False)
         write_tree(tree, out)
         err.print(f"wrote {len(tree.manifest)} entries for {host} to {out}")
+        granted = sum(len(a.grants) for a in selected.agents)
+        if granted:
+            err.print(f"left out the credentials of {granted} grant(s): secrets are never "
+                      "written to local disk (`fleetctl drift` shows their digests)")
         return 0
 
     _guard(body)
 
 
 app.command("tokens")(tokens_command)
+
+from fleetctl.cli_creds import creds_app  # noqa: E402 - `fleetctl creds audit`
+
+app.add_typer(creds_app, name="creds")
 
 
 @app.command()

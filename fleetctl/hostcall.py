@@ -82,6 +82,10 @@ class LiveState:
         units: for a request that asked (a dry run on a systemd host), the host's answer about
             the runners' units: ``install`` and ``remove`` (unit names), ``problem`` and
             ``kind`` (why the services step would fail, or ``None``); otherwise ``None``.
+        accounts: the agents' own accounts as the host has them, by user name: ``exists``,
+            ``group_exists``, ``home``, ``home_exists``, ``home_mode`` (``"0700"`` or
+            ``None``), ``home_owner`` (``"user:group"`` or ``None``); ``None`` when the
+            request named no account.
     """
 
     user: str = ""
@@ -95,6 +99,7 @@ class LiveState:
     unreadable: list[Unreadable] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     units: dict[str, Any] | None = None
+    accounts: dict[str, dict[str, Any]] | None = None
 
     @property
     def owner(self) -> str:
@@ -233,6 +238,8 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             state.warnings.append(event["message"])
         elif kind == "units":
             state.units = event
+        elif kind == "accounts":
+            state.accounts = event["accounts"]
         elif kind == "hello":
             state.user, state.group = event["user"], event["group"]
         elif kind == "state":

@@ -58,6 +58,9 @@ UNIT_PREFIX = b"fleet-runner-"
 UNIT_SUFFIX = b".service"
 RECORD_SCHEMA = 1
 STATE_DIR = ".fleetctl"
+CREDS_DIR = b"credentials"
+CREDS_NEW = b".fleetctl-new-"
+ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 _out = sys.stdout.buffer
 _in = sys.stdin.buffer
@@ -209,12 +212,17 @@ def os_error_text(exc):
     return exc.strerror or str(exc)
 
 
-def scan_tree(top, event_type="entry"):
-    """Stream the entries of ``top``; return (count, list of entry dicts, unreadable count)."""
+def scan_tree(top, event_type="entry", prefix=b""):
+    """Stream the entries of ``top``; return (list of entry dicts, unreadable count).
+
+    ``prefix`` is put before every path (the credentials tree is reported as ``credentials/...``).
+    """
     entries = []
     unreadable = [0]
 
     def sink(entry):
+        if prefix:
+            entry["path"] = dec(prefix) + entry["path"]
         entries.append(entry)
         entry_event = dict(entry)
         entry_event["t"] = event_type
@@ -222,7 +230,8 @@ def scan_tree(top, event_type="entry"):
 
     def bad(rel, exc):
         unreadable[0] += 1
-        emit({"t": "unreadable", "path": dec(rel), "error": os_error_text(exc)})
+        emit({"t": "unreadable", "path": dec(prefix + rel).rstrip("/") or ".",
+              "error": os_error_text(exc)})
 
     walk(top, sink, bad)
     return entries, unreadable[0]
@@ -299,8 +308,12 @@ def emit_shipped(manifest):
         emit(event)
 
 
-def scan(root, state):
-    """Emit the live manifest of ``<root>/current`` and the shipped manifest; return entries."""
+def scan(root, state, request=None):
+    """Emit the live manifest of ``<root>/current`` and of ``<root>/credentials``, the shipped
+    manifest, and (when the request names them) the agents' accounts.
+
+    Returns the entries of ``current``; the credentials tree's go to ``state["_creds"]``.
+    """
     entries = []
     unreadable = 0
     if state["current_kind"] in ("symlink", "foreign-symlink"):
@@ -309,10 +322,76 @@ def scan(root, state):
         entries, unreadable = scan_tree(os.path.join(root, b"current/"))
     elif state["current_kind"] == "dir":
         entries, unreadable = scan_tree(os.path.join(root, b"current"))
-    emit({"t": "scan-end", "entries": len(entries), "unreadable": unreadable,
-          "digest": manifest_digest(entries)})
+    creds, bad = scan_credentials(root, emit_events=True)
+    state["_creds"] = creds
+    unreadable += bad
+    if request and request.get("accounts"):
+        emit({"t": "accounts", "accounts": read_accounts(request["accounts"])})
+    emit({"t": "scan-end", "entries": len(entries) + len(creds), "unreadable": unreadable,
+          "digest": manifest_digest(entries + creds)})
     flush()
     return entries
+
+
+def scan_credentials(root, emit_events):
+    """The entries of ``<root>/credentials`` (paths ``credentials/...``), and the unreadable count.
+
+    Beside the releases, never inside one: see ``fleetctl/credentials.py``.
+    """
+    top = os.path.join(root, CREDS_DIR)
+    try:
+        st = os.lstat(top)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return [], 0
+        if emit_events:
+            emit({"t": "unreadable", "path": dec(CREDS_DIR), "error": os_error_text(exc)})
+        return [], 1
+    first = describe(top, CREDS_DIR, st)
+    if emit_events:
+        event = dict(first)
+        event["t"] = "entry"
+        emit(event)
+    if first["type"] != "dir":
+        return [first], 0
+    if emit_events:
+        entries, bad = scan_tree(top + b"/", prefix=CREDS_DIR + b"/")
+    else:
+        entries, problems = [], []
+
+        def sink(entry):
+            entry["path"] = dec(CREDS_DIR + b"/") + entry["path"]
+            entries.append(entry)
+        walk(top + b"/", sink, lambda rel, exc: problems.append(rel))
+        bad = len(problems)
+    return [first] + entries, bad
+
+
+def read_accounts(wanted):
+    """Describe each agent's account: ``{user: {exists, group_exists, home, home_exists,
+    home_mode, home_owner}}`` (read-only)."""
+    out = {}
+    for account in wanted:
+        user, group, home = account["user"], account["group"], account["home"]
+        info = {"exists": True, "group_exists": True, "home": home, "home_exists": False,
+                "home_mode": None, "home_owner": None}
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            info["exists"] = False
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            info["group_exists"] = False
+        try:
+            st = os.lstat(home)
+            info["home_exists"] = stat.S_ISDIR(st.st_mode)
+            info["home_mode"] = "%04o" % stat.S_IMODE(st.st_mode)
+            info["home_owner"] = user_name(st.st_uid) + ":" + group_name(st.st_gid)
+        except OSError:
+            pass
+        out[user] = info
+    return out
 
 
 # -- locking -----------------------------------------------------------------------------------
@@ -674,18 +753,29 @@ def ship_locked(root, command, state, scanned):
                 force_rmtree(os.path.join(state_dir, name))
         if os.path.lexists(os.path.join(releases_dir, release)):
             raise Stop(step, "failed", "release %s already exists" % dec(release))
+        tree = [e for e in command["desired"] if not is_credential(e["path"])]
+        creds = [e for e in command["desired"] if is_credential(e["path"])]
         step = "receive"
         emit({"t": "step", "name": step})
         flush()
         receive_blobs(blob_dir, command["blob_count"])
+        # Secrets stay in this process's memory: never in the blob directory, never on disk
+        # anywhere but their final file.
+        secrets = receive_secrets(command.get("secret_count", 0))
+        if command.get("users"):
+            step = "users"
+            emit({"t": "step", "name": step})
+            flush()
+            for account in command["users"]:
+                ensure_account(account)
         step = "assemble"
         emit({"t": "step", "name": step})
         flush()
-        assemble(stage, command["desired"], command["sources"], blob_dir, current_dir)
+        assemble(stage, tree, command["sources"], blob_dir, current_dir)
         step = "verify"
         emit({"t": "step", "name": step})
         flush()
-        verify(stage, command["desired"])
+        verify(stage, tree)
         step = "record"
         emit({"t": "step", "name": step})
         flush()
@@ -695,13 +785,19 @@ def ship_locked(root, command, state, scanned):
         os.rename(stage, os.path.join(releases_dir, release))
         write_record(root, release, command["desired"], command.get("meta", {}))
         fsync_dir(releases_dir)
+        if state["current_kind"] in ("symlink", "foreign-symlink") and \
+                not unchanged_since_scan(root, scanned, ignore):
+            step = "switch"
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
+        if creds or state.get("_creds"):
+            step = "credentials"
+            emit({"t": "step", "name": step})
+            flush()
+            apply_credentials(root, creds, secrets, state.get("_creds") or [], ignore)
         step = "switch"
         emit({"t": "step", "name": step})
         flush()
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
-            raise Stop(step, "changed", "the current release was edited during the ship; "
-                       "nothing was switched, run again to see the hand-patch")
         switch(root, release)
     except Stop:
         cleanup(stage, blob_dir, root, release)
@@ -733,6 +829,190 @@ def ship_locked(root, command, state, scanned):
         emit({"t": "warning", "message": "prune failed: %s" % os_error_text(exc)})
     emit({"t": "done", "release": dec(release), "pruned": pruned})
     return 0
+
+
+def is_credential(path):
+    return path == dec(CREDS_DIR) or path.startswith(dec(CREDS_DIR) + "/")
+
+
+def receive_secrets(count):
+    """Read ``count`` secret frames (``<digest>\\n<size>\\n<bytes>``) into memory only."""
+    secrets = {}
+    for _ in range(count):
+        digest = _in.readline().strip().decode("ascii")
+        size = int(_in.readline())
+        data = _in.read(size)
+        if len(data) != size:
+            raise Stop("receive", "failed", "input ended early (connection lost?)")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise Stop("receive", "failed", "a credential arrived corrupted (digest mismatch)")
+        secrets[digest] = data
+    return secrets
+
+
+def nologin_shell():
+    for shell in ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false"):
+        if os.path.exists(shell):
+            return shell
+    return "/bin/false"
+
+
+def run_admin(argv, what, path):
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=60)
+    except OSError as exc:
+        raise Stop("users", "failed", "%s: cannot run %s: %s" % (what, argv[0],
+                                                                os_error_text(exc)), path)
+    except subprocess.TimeoutExpired:
+        raise Stop("users", "failed", "%s: %s did not finish in 60 s" % (what, argv[0]), path)
+    if done.returncode:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        raise Stop("users", "permission" if done.returncode == 1 and "ermission" in tail[0]
+                   else "failed", "%s: %s exited with status %d: %s"
+                   % (what, argv[0], done.returncode, tail[0][:300]), path)
+
+
+def ensure_account(account):
+    """Create the agent's user, group and HOME (0700) when missing; leave existing ones alone.
+
+    Never escalates: without root, a missing account stops the ship naming what was refused.
+    """
+    user, group, home = account["user"], account["group"], account["home"]
+    if not (ACCOUNT_NAME.match(user) and ACCOUNT_NAME.match(group)) or not home.startswith("/"):
+        raise Stop("users", "failed", "refusing a bad account name or home: %r" % (account,))
+    root_needed = "creating %%s needs root; this connection runs as %s (fleetctl does not " \
+        "use sudo or any other account on its own)" % user_name(os.geteuid())
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        pw = None
+    if pw is None:
+        if os.geteuid() != 0:
+            raise Stop("users", "permission", root_needed % ("user " + user), "/etc/passwd")
+        try:
+            grp.getgrnam(group)
+            group_args = ["--gid", group]
+        except KeyError:
+            if group == user:
+                group_args = ["--user-group"]
+            else:
+                run_admin(["groupadd", "--system", group], "creating group " + group,
+                          "/etc/group")
+                group_args = ["--gid", group]
+        run_admin(["useradd", "--system", "--no-create-home", "--home-dir", home, "--shell",
+                   nologin_shell()] + group_args + [user], "creating user " + user, "/etc/passwd")
+        pw = pwd.getpwnam(user)
+        emit({"t": "account", "user": user, "created": True})
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise Stop("users", "failed", "no such group on the host: %s" % group, "/etc/group")
+    if not os.path.lexists(home):
+        if os.geteuid() != 0 and os.geteuid() != pw.pw_uid:
+            raise Stop("users", "permission", root_needed % ("the HOME of " + user), home)
+        parent = os.path.dirname(home.rstrip("/"))
+        if parent and not os.path.isdir(parent):
+            os.makedirs(parent, 0o755)
+        os.mkdir(home, 0o700)
+        os.chown(home, pw.pw_uid, gid)
+        os.chmod(home, 0o700)
+        emit({"t": "account", "user": user, "home_created": home})
+
+
+def apply_credentials(root, wanted, secrets, scanned, ignore):
+    """Make ``<root>/credentials`` equal the wanted entries, file by file, never wider than 0600.
+
+    Each changed file is written to a new file created 0600 (``O_EXCL``, owned by the agent
+    before the first byte), then renamed over the old one, so the old secret's file is gone
+    the moment the new one is in place; files and directories no longer wanted are removed.
+    All new files are written before any is renamed: a refusal while writing leaves every
+    credential as it was.
+    """
+    now, problems = scan_credentials(root, emit_events=False)
+    kept = lambda entries: [e for e in entries if not is_ignored(ignore, e)]  # noqa: E731
+    if problems or manifest_digest(kept(now)) != manifest_digest(kept(scanned)):
+        raise Stop("credentials", "changed", "the credential files were edited during the "
+                   "ship; nothing was switched, run again to see the change")
+    live = dict((e["path"], e) for e in now)
+    want = dict((e["path"], e) for e in wanted)
+
+    def remove(paths):
+        for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
+            full = os.path.join(root, enc(path))
+            if live[path]["type"] == "dir":
+                force_rmtree(full)
+            elif os.path.lexists(full):
+                os.unlink(full)
+        for path in list(live):
+            if any(path == p or path.startswith(p + "/") for p in paths):
+                live.pop(path)
+
+    # In the way of what is wanted: a path of another type, a leftover of an interrupted ship.
+    remove([p for p, e in live.items() if (p in want and want[p]["type"] != e["type"]) or
+            os.path.basename(enc(p)).startswith(CREDS_NEW)])
+    for entry in sorted((e for e in wanted if e["type"] == "dir"), key=lambda e: e["path"].count("/")):
+        full = os.path.join(root, enc(entry["path"]))
+        uid, gid = parse_owner(entry["owner"], "credentials", entry["path"]) if entry.get(
+            "owner") else (-1, -1)
+        mode = int(entry["mode"], 8)
+        if entry["path"] not in live:
+            os.mkdir(full, 0o700)
+        else:
+            os.chmod(full, stat.S_IMODE(os.lstat(full).st_mode) & mode)  # narrow before chown
+        os.chown(full, uid, gid)
+        os.chmod(full, mode)
+    staged = []
+    try:
+        for entry in (e for e in wanted if e["type"] == "file"):
+            full = os.path.join(root, enc(entry["path"]))
+            uid, gid = parse_owner(entry["owner"], "credentials", entry["path"]) if entry.get(
+                "owner") else (-1, -1)
+            mode = int(entry["mode"], 8)
+            have = live.get(entry["path"])
+            if have is not None and have.get("digest") == entry["digest"]:
+                if have.get("mode") != entry["mode"] or have.get("owner") != entry.get("owner"):
+                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+                    try:
+                        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)
+                        os.fchown(fd, uid, gid)
+                        os.fchmod(fd, mode)
+                    finally:
+                        os.close(fd)
+                continue
+            head, name = os.path.split(full)
+            tmp = os.path.join(head, CREDS_NEW + name)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            staged.append((tmp, full))
+            try:
+                os.fchmod(fd, 0o600 & mode)
+                os.fchown(fd, uid, gid)
+                data = secrets.get(entry["digest"])
+                if data is None:
+                    raise Stop("credentials", "failed", "the content of a credential file was "
+                               "not sent", entry["path"])
+                write_all(fd, data)
+                os.fsync(fd)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+    except BaseException:
+        for tmp, _ in staged:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    for tmp, full in staged:
+        os.rename(tmp, full)
+    # What is no longer wanted goes now: a revoked secret does not outlive the ship revoking it.
+    remove([p for p in live if p not in want])
+    for entry in wanted:
+        if entry["type"] == "dir":
+            try:
+                fsync_dir(os.path.join(root, enc(entry["path"])))
+            except OSError:
+                pass
 
 
 def cleanup(stage, blob_dir, root, release):
@@ -924,7 +1204,13 @@ def line_time(line):
 
 
 def read_ledgers(root, request):
-    """Op ``ledgers``: stream each named agent's ``state/<agent>/ledger.jsonl``; read only."""
+    """Op ``ledgers``: stream each named agent's ``state/<agent>/ledger.jsonl``; read only.
+
+    A last line without its newline is a line being written (the runner appends each line,
+    newline included, with one write): it is not sent as a line but as ``{"t":
+    "ledger-partial", "agent", "bytes"}`` (its length in bytes), before ``ledger-end``, whatever
+    ``since`` says; ``lines`` in ``ledger-end`` counts the complete lines sent.
+    """
     since = request.get("since")
     for agent in request.get("agents", []):
         path = os.path.join(root, b"state", enc(agent), b"ledger.jsonl")
@@ -936,6 +1222,10 @@ def read_ledgers(root, request):
         try:
             with open(path, "rb") as fh:
                 for raw in fh:
+                    if not raw.endswith(b"\n"):  # only the last line can lack it: in progress
+                        if raw.strip():
+                            emit({"t": "ledger-partial", "agent": agent, "bytes": len(raw)})
+                        break
                     line = dec(raw.rstrip(b"\n"))
                     if not line.strip():
                         continue
@@ -977,7 +1267,7 @@ def main():
             emit(probe_units(request))
         if request["op"] == "ship" and state["current_kind"] in ("dir", "other"):
             raise Stop("scan", "layout", layout_problem(root, state))
-        scanned = scan(root, state)
+        scanned = scan(root, state, request)
         if request["op"] == "ship":
             return do_ship(root, request, state, scanned, lock_fd)
         return 0

@@ -16,11 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fleetctl.blueprint import Owner
+from fleetctl.blueprint import Blueprint, Owner
 from fleetctl.errors import InputError
+from fleetctl.secrets import SecretSource, SecretStore
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# What useradd accepts on Debian by default (NAME_REGEX), at most 32 characters.
+_ACCOUNT = r"^[a-z_][a-z0-9_-]{0,31}$"
 
 
 def _check_name(value: str, what: str) -> str:
@@ -29,12 +32,31 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
+class GrantSpec(BaseModel):
+    """One grant as written: the capability's scope values and where its secret comes from."""
+
+    model_config = ConfigDict(extra="forbid")
+    scope: dict[str, Any] = Field(default_factory=dict)
+    secret: SecretSource
+
+
 class AgentSpec(BaseModel):
     """One agent as written in the inventory."""
 
     model_config = ConfigDict(extra="forbid")
     role: str
+    user: str | None = Field(default=None, pattern=_ACCOUNT)
+    group: str | None = Field(default=None, pattern=_ACCOUNT)
+    home: str | None = None
+    grants: dict[str, GrantSpec] = Field(default_factory=dict)
     vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
+            raise ValueError(f"must be an absolute path on the host (not /), got {value!r}")
+        return value
 
 
 class HostSettings(BaseModel):
@@ -93,12 +115,50 @@ class InventoryFile(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class Grant:
+    """One capability given to one agent (DESIGN.md §2).
+
+    Attributes:
+        capability: the capability's name in ``blueprint/credentials/``.
+        scope: the scope values, valid for the capability's schema when the inventory was
+            loaded with its blueprint.
+        secret: where the secret comes from (resolved only when credentials are rendered).
+        where: ``file:line: key.path`` of the grant, for messages.
+    """
+
+    capability: str
+    scope: dict[str, Any]
+    secret: Any
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Agent:
-    """One agent on a host: its name, its role's name, and its merged vars."""
+    """One agent on a host.
+
+    Attributes:
+        name: the agent's name.
+        role: its role's name.
+        vars: the host's vars with the agent's own on top.
+        user: its own Linux user on the host, or ``None`` (it then has none: the runner and its
+            credential files belong to the host's default owner, which ``creds audit`` reports).
+        group: the user's primary group (default: the user's name).
+        home: its HOME (default ``/home/<user>``).
+        grants: its capabilities, in inventory order.
+    """
 
     name: str
     role: str
     vars: dict[str, Any] = field(default_factory=dict)
+    user: str | None = None
+    group: str | None = None
+    home: str | None = None
+    grants: tuple[Grant, ...] = ()
+
+    @property
+    def owner(self) -> str | None:
+        """``"user:group"`` of the agent's own files, or ``None`` without a user of its own."""
+        return f"{self.user}:{self.group or self.user}" if self.user else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +184,7 @@ class Host:
         vars: template variables for the host.
         agents: the host's agents in inventory order.
         timeout_s: seconds per connection and per host operation, or ``None`` for none.
+        secrets: the run's secret store, shared by every host of the inventory.
     """
 
     name: str
@@ -143,6 +204,7 @@ class Host:
     vars: dict[str, Any] = field(default_factory=dict)
     agents: tuple[Agent, ...] = ()
     timeout_s: float | None = None
+    secrets: SecretStore | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,21 +232,29 @@ class Inventory:
         return [by_name[n] for n in dict.fromkeys(names)]
 
 
-def load_inventory(path: Path, roles: set[str] | None = None) -> Inventory:
+def load_inventory(path: Path, roles: set[str] | None = None,
+                   blueprint: Blueprint | None = None) -> Inventory:
     """Load and validate an inventory file.
 
     Args:
         path: the YAML file.
         roles: role names the blueprint defines; an agent naming another role is an error.
             ``None`` skips that check.
+        blueprint: the blueprint; when given, its roles are checked as ``roles`` are, and each
+            grant against it: the capability exists, the agent's role declares it, and the scope
+            fits the capability's schema.
 
     Raises:
-        InputError: bad YAML, unknown key, wrong type, missing role, relative SSH root; each
-            names the file, the line and the key path.
+        InputError: bad YAML, unknown key, wrong type, missing role, relative SSH root, a bad
+            grant, a systemd host with an agent without ``user``; each names the file, the line
+            and the key path.
     """
+    if blueprint is not None:
+        roles = set(blueprint.roles)
     data, node = load_yaml(path)
     spec = load_model(path, InventoryFile, data, node)
     base = path.parent
+    store = SecretStore(base)
     hosts = []
     for name, h in spec.hosts.items():
         d = spec.defaults
@@ -211,7 +281,16 @@ def load_inventory(path: Path, roles: set[str] | None = None) -> Inventory:
                     path, node, ["hosts", name, "agents", agent_name, "role"],
                     f"no role {a.role!r} in the blueprint",
                     hint=f"roles defined: {', '.join(sorted(roles)) or '(none)'}")
-            agents.append(Agent(agent_name, a.role, {**host_vars, **a.vars}))
+            key = ["hosts", name, "agents", agent_name]
+            if (pick("service") or "none") == "systemd" and not a.user:
+                raise input_error(path, node, key, "service: systemd runs each agent's runner "
+                                  "as the agent's own user: set user: for this agent")
+            grants = tuple(_grant(path, node, [*key, "grants", cap], cap, g, a.role, blueprint)
+                           for cap, g in a.grants.items())
+            agents.append(Agent(agent_name, a.role, {**host_vars, **a.vars}, user=a.user,
+                                group=(a.group or a.user) if a.user else a.group,
+                                home=(a.home or f"/home/{a.user}") if a.user else a.home,
+                                grants=grants))
         identity = pick("identity_file")
         known = pick("known_hosts")
         hosts.append(Host(
@@ -231,5 +310,30 @@ def load_inventory(path: Path, roles: set[str] | None = None) -> Inventory:
             systemctl=pick("systemctl") or "systemctl",
             vars=host_vars,
             agents=tuple(agents),
+            secrets=store,
         ))
     return Inventory(path=path, hosts=tuple(hosts))
+
+
+def _grant(path: Path, node: Any, key: list[Any], capability: str, spec: GrantSpec, role: str,
+           blueprint: Blueprint | None) -> Grant:
+    where = input_error(path, node, key, "").message.rstrip(": ")
+    if blueprint is not None:
+        known = blueprint.capabilities.get(capability)
+        if known is None:
+            raise input_error(path, node, key, f"no capability {capability!r} in the blueprint",
+                              hint="capabilities defined: "
+                              f"{', '.join(blueprint.capabilities) or '(none)'}")
+        if capability not in blueprint.roles[role].capabilities:
+            raise input_error(path, node, key, f"role {role!r} does not declare capability "
+                              f"{capability!r}", hint="add it to capabilities: in the role file "
+                              "if a skill of the role needs it")
+        problems = known.scope_problems(spec.scope)
+        if problems:
+            inner, problem = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise input_error(path, node, [*key, "scope", *inner],
+                              f"does not fit capability {capability!r}: {problem}{more}",
+                              hint=f"the scope schema is in {display_path(known.source)}"
+                              if known.source else None)
+    return Grant(capability, dict(spec.scope), spec.secret, where)

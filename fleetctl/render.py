@@ -5,7 +5,8 @@ The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
     runner/...                       blueprint/runner, templates rendered
     skills/<name>/...                each skill a role on this host uses
     agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
-    agents/<agent>/credentials/      where its credential files go (0700)
+    credentials/<agent>/<file>       its granted credentials (:mod:`fleetctl.credentials`),
+                                     beside the releases on the host, never inside one
 
 Files ending in ``.j2`` are Jinja2 templates and lose the suffix; everything else is copied byte
 for byte. Templates are read as bytes and decoded as UTF-8; the output keeps the template's final
@@ -25,15 +26,16 @@ from typing import Any
 import jinja2
 
 from fleetctl.blueprint import Blueprint
+from fleetctl.credentials import credentials_dir, render_credentials
 from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
+from fleetctl.secrets import Secret
 
 TEMPLATE_SUFFIX = ".j2"
 AGENT_CONFIG_TEMPLATE = "agent.yaml.j2"
 DEFAULT_DIR_MODE = "0755"
 DEFAULT_FILE_MODE = "0644"
-CREDENTIALS_DIR_MODE = "0700"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +45,14 @@ class DesiredTree:
     Attributes:
         host: the host's name.
         manifest: every entry; owners are ``None`` where the host's default owner applies.
-        contents: file content by digest (``"sha256:..."``), bytes.
+        contents: file content by digest (``"sha256:..."``), bytes; never a credential file.
+        secrets: credential file content by digest, as :class:`~fleetctl.secrets.Secret`.
     """
 
     host: str
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)
+    secrets: dict[str, Secret] = field(default_factory=dict)
 
 
 class _Builder:
@@ -96,8 +100,15 @@ class _Builder:
         self._add(Entry(path, SYMLINK, owner=owner, target=target), source)
 
 
+def _agent_data(host: Host, agent: Agent) -> dict[str, Any]:
+    return {"name": agent.name, "role": agent.role, "vars": agent.vars, "user": agent.user,
+            "group": agent.group, "home": agent.home,
+            "grants": [g.capability for g in agent.grants],
+            "credentials_dir": credentials_dir(host, agent)}
+
+
 def _context_for_host(host: Host) -> dict[str, Any]:
-    agents = [{"name": a.name, "role": a.role, "vars": a.vars} for a in host.agents]
+    agents = [_agent_data(host, a) for a in host.agents]
     return {**host.vars, "host": {"name": host.name, "address": host.address, "root": host.root,
                                   "vars": host.vars}, "agents": agents}
 
@@ -110,7 +121,7 @@ def agent_context(blueprint: Blueprint, host: Host, agent: Agent) -> dict[str, A
     """
     context = _context_for_host(host)
     return {**agent.vars, "host": context["host"], "agents": context["agents"],
-            "agent": {"name": agent.name, "role": agent.role, "vars": agent.vars},
+            "agent": _agent_data(host, agent),
             "role": blueprint.roles[agent.role].model_dump()}
 
 
@@ -170,12 +181,18 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
-def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
-    """Render the desired tree of ``host``.
+def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True) -> DesiredTree:
+    """Render the desired tree of ``host``, its credential files included.
+
+    Args:
+        blueprint: the loaded blueprint.
+        host: the host, with its agents and their grants.
+        with_credentials: ``False`` leaves the credentials tree out (and resolves no secret).
 
     Raises:
         InputError: a template fails to render, two sources produce one path, a declared
-            directory clashes with a file, or a blueprint file cannot be read.
+            directory clashes with a file, a blueprint file cannot be read, or a grant's secret
+            cannot be resolved.
     """
     b = _Builder(blueprint, host)
     context = _context_for_host(host)
@@ -226,16 +243,21 @@ def render_host(blueprint: Blueprint, host: Host) -> DesiredTree:
         b.add_dir("agents", None, None, "(agents)")
         b.add_dir(base, None, None, "(agents)")
         b.add_file(f"{base}/agent.yaml", data, DEFAULT_FILE_MODE, f"agent {agent.name}")
-        # The place credential files will go (rendered by the credentials issue); 0700 now so
-        # the directory never exists wider than it will be.
-        b.add_dir(f"{base}/credentials", CREDENTIALS_DIR_MODE, None, f"agent {agent.name}")
-    return DesiredTree(host=host.name, manifest=Manifest(b.entries.values()), contents=b.contents)
+    secrets: dict[str, Secret] = {}
+    if with_credentials:
+        creds = render_credentials(blueprint, host, agent_context)
+        for entry in creds.entries:
+            b.entries[entry.path] = entry
+        secrets = creds.secrets
+    return DesiredTree(host=host.name, manifest=Manifest(b.entries.values()), contents=b.contents,
+                       secrets=secrets)
 
 
 def write_tree(tree: DesiredTree, out: Path) -> None:
     """Write a desired tree under ``out`` (``render --out``): files, dirs, symlinks and modes.
 
-    Owners are not applied (a local render is for reading and diffing).
+    Owners are not applied (a local render is for reading and diffing). Credential files are
+    never written to local disk: render the tree with ``with_credentials=False``.
 
     Raises:
         InputError: ``out`` exists and is not an empty directory.
@@ -262,9 +284,12 @@ def _write_tree(tree: DesiredTree, out: Path) -> None:
         elif entry.type == SYMLINK:
             os.symlink(os.fsencode(entry.target), dest)
         else:
+            data = tree.contents.get(entry.digest)
+            if data is None:  # a secret: never written here (see the docstring)
+                raise InputError(f"{entry.path}: a credential file; render without credentials")
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(tree.contents[entry.digest])
+                fh.write(data)
                 os.fchmod(fh.fileno(), int(entry.mode, 8))
     for dest, mode in reversed(dirs):
         os.chmod(dest, mode)

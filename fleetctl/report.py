@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetctl.drift import Change
+from fleetctl.credentials import is_credential_path
 from fleetctl.manifest import Entry
 from fleetctl.names import escape_name, printable, safe_text
 from fleetctl.results import HostResult
@@ -25,11 +26,16 @@ SCHEMA_VERSION = 1
 
 
 def entry_json(entry: Entry | None) -> dict[str, Any] | None:
-    """The before/after attributes of an entry: type, mode, owner, size, digest or target."""
+    """The before/after attributes of an entry: type, mode, owner, size, digest or target.
+
+    A credential file carries no size: its digest alone stands for it.
+    """
     if entry is None:
         return None
     data = entry.to_json()
     data.pop("path", None)
+    if is_credential_path(entry.path):
+        data.pop("size", None)
     if "target" in data:
         data["target"], escaped = escape_name(data["target"])
         if escaped:
@@ -46,8 +52,8 @@ def change_json(change: Change) -> dict[str, Any]:
     record.update({
         "change": change.change,
         "origin": change.origin,
-        # Credential files arrive with a later issue; a secret only ever shows a digest.
-        "secret": False,
+        # A credential file: only ever a digest, never its content or size.
+        "secret": is_credential_path(change.path),
         "before": entry_json(change.live),
         "after": entry_json(change.desired),
         "shipped": entry_json(change.shipped),
@@ -71,6 +77,7 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
                        "sent_bytes": result.sent_bytes,
                        "services": result.services.to_json() if result.services else None})
     record["warnings"] = [safe_text(w) for w in result.warnings]
+    record["accounts"] = [safe_text(a) for a in result.accounts]
     record["unreadable"] = []
     for u in result.unreadable:
         path, escaped = escape_name(u.path)
@@ -92,6 +99,8 @@ def _attr_summary(change: Change, entry: Entry | None) -> str:
         return "-"
     kind = change.change
     if kind in ("content",):
+        if is_credential_path(entry.path):
+            return f"{entry.digest[7:19]} (secret)"
         return f"{entry.digest[7:19]} ({entry.size} B)"
     if kind == "mode":
         return entry.mode or "-"
@@ -131,7 +140,8 @@ def summary_line(result: HostResult) -> str:
         return f"{result.host}: in sync (release {result.release or 'none'})"
     if result.status == "drift":
         origins = sorted({c.origin for c in result.changes})
-        return f"{result.host}: {n} change(s) ({', '.join(origins)})"
+        accounts = f", {len(result.accounts)} account(s) missing" if result.accounts else ""
+        return f"{result.host}: {n} change(s) ({', '.join(origins) or 'none'}){accounts}"
     units = services_text(result)
     if result.status == "shipped":
         return (f"{result.host}: shipped release {result.release} ({n} change(s); sent "
@@ -168,6 +178,8 @@ def print_text(console: Console, results: list[HostResult], title: str) -> None:
     for result in results:
         line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
         console.print(line, soft_wrap=True)
+        for account in result.accounts:
+            console.print(Text(f"  account: {printable(account)}"), soft_wrap=True)
         for warning in result.warnings:
             console.print(Text(f"  warning: {printable(warning)}", style="yellow"), soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
@@ -205,4 +217,7 @@ def to_markdown(results: list[HostResult], title: str) -> str:
                              f"{_md(_attr_summary(c, c.live))} | {_md(_attr_summary(c, c.desired))} |")
         for u in r.unreadable:
             lines.append(f"- unreadable: {_md_code(u.path)}: {_md(u.error)}")
+    for r in results:
+        for a in r.accounts:
+            lines.append(f"- {_md(r.host)}: account: {_md(a)}")
     return "\n".join(lines) + "\n"

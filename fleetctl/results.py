@@ -75,6 +75,8 @@ class HostResult:
         warnings: trouble after the switch that did not undo it (a failed prune).
         services: for a ship of a host with ``service: systemd``, what was done to its runner
             units (for a dry run, what would be); ``None`` for other hosts and for drift.
+        accounts: the agents' own accounts: for drift and a plan, what is missing (one line
+            each); for a ship, what it created.
         dry_run: the result of ``ship --dry-run`` (or of the plan shown before asking).
         debug: an internal error's traceback, shown only with ``--debug``.
     """
@@ -94,6 +96,7 @@ class HostResult:
     plan_digest: str | None = None
     warnings: list[str] = field(default_factory=list)
     services: ServiceActions | None = None
+    accounts: list[str] = field(default_factory=list)
     dry_run: bool = False
     debug: str | None = None
 

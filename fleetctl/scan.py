@@ -19,7 +19,8 @@ def host_session(host: Host, op: str, extra: dict[str, Any] | None = None
                  ) -> Iterator[tuple[HostCall, Iterator[dict], LiveState]]:
     """Connect, start the host-side program with ``op`` (``scan`` or ``ship``) and read the scan.
 
-    ``extra`` adds keys to the request (a dry run's read-only look at a host's units).
+    ``extra`` adds keys to the request (a dry run's read-only look at a host's units). The
+    agents' own accounts are always asked about (:func:`accounts_request`).
 
     Yields ``(call, events, state)``; the caller may go on reading ``events`` (a ship does). The
     call is ended and the connection closed on exit, whatever happened.
@@ -32,8 +33,8 @@ def host_session(host: Host, op: str, extra: dict[str, Any] | None = None
     transport.connect()
     call = None
     try:
-        call = HostCall(transport, host.python, {"op": op, "root": host.root, **(extra or {})},
-                        host.timeout_s)
+        request = {"op": op, "root": host.root, **accounts_request(host), **(extra or {})}
+        call = HostCall(transport, host.python, request, host.timeout_s)
         events = call.events()
         state = read_scan(call, events)
         yield call, events, state
@@ -41,6 +42,36 @@ def host_session(host: Host, op: str, extra: dict[str, Any] | None = None
         if call is not None:
             call.kill()
         transport.close()
+
+
+def accounts_request(host: Host) -> dict[str, list[dict[str, str]]]:
+    """The request key asking the host about its agents' own accounts.
+
+    ``{"accounts": [{"user", "group", "home"}, ...]}``, one per distinct user; agents without
+    a user of their own are not in it. The scan's answer is ``LiveState.accounts``.
+    """
+    seen: dict[str, dict[str, str]] = {}
+    for agent in host.agents:
+        if agent.user and agent.user not in seen:
+            seen[agent.user] = {"user": agent.user, "group": agent.group or agent.user,
+                                "home": agent.home or f"/home/{agent.user}"}
+    return {"accounts": list(seen.values())}
+
+
+def account_problems(host: Host, state: LiveState) -> list[str]:
+    """What a ship would create for the agents' accounts: missing users, groups and HOMEs.
+
+    One line each, e.g. ``"user fleet-eng does not exist (ship creates it)"``.
+    """
+    problems = []
+    for user, info in sorted((state.accounts or {}).items()):
+        if not info.get("exists"):
+            problems.append(f"user {user} does not exist (ship creates it)")
+        elif not info.get("group_exists"):
+            problems.append(f"group of user {user} does not exist (ship creates it)")
+        if not info.get("home_exists"):
+            problems.append(f"HOME {info.get('home')} of {user} does not exist (ship creates it)")
+    return problems
 
 
 def shipped_base(state: LiveState) -> Manifest | None:

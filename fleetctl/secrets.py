@@ -377,3 +377,34 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+
+
+class SecretStore:
+    """The secrets of one run: each distinct source resolved once, safely from many threads.
+
+    One store is made per loaded inventory and shared by its hosts, so hosts worked on in
+    parallel never run a secret command twice.
+
+    Args:
+        base_dir: the inventory's directory (relative ``file`` sources, commands' working dir).
+    """
+
+    def __init__(self, base_dir: Path) -> None:
+        import threading
+
+        self.base_dir = base_dir
+        self.cache: SecretCache = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, source: EnvSource | FileSource | CommandSource) -> Secret:
+        """Return the secret ``source`` names (see :func:`resolve_secret` for the errors)."""
+        with self._lock:
+            return resolve_secret(source, self.base_dir, self.cache)
+
+    def values(self) -> list[bytes]:
+        """Every value resolved so far (what output must be redacted of)."""
+        with self._lock:
+            return [s.reveal() for s in self.cache.values()]
+
+    def __repr__(self) -> str:
+        return f"SecretStore({len(self.cache)} resolved)"

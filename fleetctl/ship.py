@@ -26,6 +26,7 @@ from typing import Callable
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
+from fleetctl.credentials import is_credential_path
 from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.errors import FleetctlError, HostError, ShipRefused
 from fleetctl.hostcall import encode_json, frame, interrupt_all
@@ -34,7 +35,8 @@ from fleetctl.manifest import FILE, Manifest, sha256_digest
 from fleetctl.names import printable
 from fleetctl.render import DesiredTree, render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
-from fleetctl.scan import changes_for, desired_for, host_session, layout_problem
+from fleetctl.scan import (account_problems, accounts_request, changes_for, desired_for,
+                           host_session, layout_problem)
 from fleetctl.services import render_units, services_request
 
 
@@ -64,8 +66,9 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress) -> HostResu
                           release=state.current, warnings=state.warnings,
                           error=f"{len(state.unreadable)} path(s) could not be read; the scan "
                           "is incomplete, so the host cannot be called in sync")
-    return HostResult(host.name, "drift" if changes else "in-sync", changes,
-                      release=state.current, warnings=state.warnings)
+    accounts = account_problems(host, state)
+    return HostResult(host.name, "drift" if changes or accounts else "in-sync", changes,
+                      release=state.current, warnings=state.warnings, accounts=accounts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,8 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
                         f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",
                         hint="review with `fleetctl drift`, then backport the hand-patch into the "
                         "blueprint or ship with --force to overwrite it")
-        no_op = not changes and state.shipped == desired
+        result.accounts = account_problems(host, state)
+        no_op = not changes and state.shipped == desired and not result.accounts
         if units is not None and options.dry_run:
             result.services, problem = _planned_services(state.units, units, not no_op)
             if problem:
@@ -153,15 +157,20 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
         if options.dry_run:
             # What the ship would send; the JSON fields mean "would send" for a dry run.
             result.sent_files = len(blobs)
-            result.sent_bytes = sum(len(tree.contents[b]) for b in blobs)
+            secrets = _secret_plan(desired, state.live)
+            result.sent_files += len(secrets)
+            result.sent_bytes = sum(len(tree.contents[b]) for b in blobs) + sum(
+                len(tree.secrets[d].reveal()) for d in secrets)
             return stop("dry-run")
         if options.approved is not None and options.approved.get(host.name) != digest:
             return stop("refused", "the host changed after the plan was confirmed; nothing "
                         "was shipped", hint="run ship again to see the new plan")
         release = _release_id(desired)
+        secrets = _secret_plan(desired, state.live)
         command = {
             "cmd": "ship", "release": release, "keep": host.keep_releases,
             "desired": desired.to_json(), "sources": sources, "blob_count": len(blobs),
+            "secret_count": len(secrets), "users": accounts_request(host)["accounts"],
             "ignore": ignore_regexes(blueprint),
             "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "fleetctl": __version__, "shipped_by": _who(),
@@ -169,7 +178,8 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
         }
         if units is not None:
             command.update(services_request(host, units, with_content=True))
-        return _send(call, events, command, blobs, tree, result, progress)
+        result.accounts = []  # from here on: what the ship created (events from the host)
+        return _send(call, events, command, blobs, tree, result, progress, secrets)
 
 
 def _planned_services(probe: dict | None, units: dict[str, bytes],
@@ -186,11 +196,11 @@ def _planned_services(probe: dict | None, units: dict[str, bytes],
 
 
 def _send(call, events, command: dict, blobs: list[str], tree: DesiredTree,
-          result: HostResult, progress: Progress) -> HostResult:
+          result: HostResult, progress: Progress, secrets: list[str] = ()) -> HostResult:
     """Run one command on the host; a failure becomes the result, beside what is known."""
     progress.host_step(result.host, "send")
     try:
-        return _execute(call, events, command, blobs, tree, result, progress)
+        return _execute(call, events, command, blobs, tree, result, progress, secrets)
     except HostError as exc:
         # Keep what is known (the plan, the release still in use) beside the error.
         result.status, result.error = "error", exc.message
@@ -212,14 +222,23 @@ def _send(call, events, command: dict, blobs: list[str], tree: DesiredTree,
 
 
 def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
-             result: HostResult, progress: Progress) -> HostResult:
-    """Send the command and the missing content, then follow the host's steps to the end."""
+             result: HostResult, progress: Progress, secrets: list[str] = ()) -> HostResult:
+    """Send the command and the missing content, then follow the host's steps to the end.
+
+    Credential files go last, over the same stdin (never a command line), and are counted in
+    ``sent_files``/``sent_bytes`` like any content.
+    """
     host = result.host
     try:
         call.send(frame(encode_json(command)))
         for blob in blobs:
             data = tree.contents[blob]
             call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
+            result.sent_bytes += len(data)
+            result.sent_files += 1
+        for digest in secrets:
+            data = tree.secrets[digest].reveal()
+            call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)) + data)
             result.sent_bytes += len(data)
             result.sent_files += 1
     except OSError:
@@ -230,6 +249,10 @@ def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
             progress.host_step(host, event["name"])
         elif event.get("t") == "warning":
             result.warnings.append(event["message"])
+        elif event.get("t") == "account":
+            result.accounts.append(f"created user {event['user']}" if event.get("created")
+                                   else f"created HOME {event['home_created']} of "
+                                   f"{event['user']}")
         elif event.get("t") == "services":
             result.services = ServiceActions(*(tuple(event[k]) for k in (
                 "installed", "removed", "restarted", "started")))
@@ -260,14 +283,17 @@ def ignore_regexes(blueprint: Blueprint) -> list[tuple[str, bool]]:
 
 
 def _content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], list[str]]:
-    """Return (path → live path to copy from, digests to send). Prefers the same path."""
+    """Return (path → live path to copy from, digests to send) for the release tree.
+
+    Prefers the same path. Credential files are not part of it (:func:`_secret_plan`).
+    """
     have: dict[str, str] = {}
     for entry in live:
-        if entry.type == FILE:
+        if entry.type == FILE and not is_credential_path(entry.path):
             have.setdefault(entry.digest, entry.path)
     sources, blobs = {}, []
     for entry in desired:
-        if entry.type != FILE:
+        if entry.type != FILE or is_credential_path(entry.path):
             continue
         same = live.get(entry.path)
         if same is not None and same.type == FILE and same.digest == entry.digest:
@@ -277,6 +303,19 @@ def _content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], li
         elif entry.digest not in blobs:
             blobs.append(entry.digest)
     return sources, blobs
+
+
+def _secret_plan(desired: Manifest, live: Manifest) -> list[str]:
+    """Digests of the credential files the host must write (new content or new path)."""
+    wanted = []
+    for entry in desired:
+        if entry.type != FILE or not is_credential_path(entry.path):
+            continue
+        same = live.get(entry.path)
+        if (same is None or same.type != FILE or same.digest != entry.digest) and \
+                entry.digest not in wanted:
+            wanted.append(entry.digest)
+    return wanted
 
 
 def _who() -> str:

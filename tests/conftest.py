@@ -15,3 +15,15 @@ def isolated_user(tmp_path_factory, monkeypatch):
     for var in ("SSH_AUTH_SOCK", "FLEETCTL_INVENTORY", "FLEETCTL_BLUEPRINT"):
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+@pytest.fixture
+def real_users():
+    """Unique real Linux users (see tests.helpers.RealUsers), removed after the test."""
+    from tests.helpers import RealUsers
+
+    users = RealUsers()
+    try:
+        yield users
+    finally:
+        users.cleanup()

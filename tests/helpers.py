@@ -168,3 +168,47 @@ def without_inodes(snap: dict) -> dict:
 def changes_of(run: Run, host: str) -> set[tuple[str, str, str]]:
     """The ``(path, change, origin)`` triples of one host in a JSON drift/ship run."""
     return {(c["path"], c["change"], c["origin"]) for c in run.host(host)["changes"]}
+
+
+class RealUsers:
+    """Real Linux users for a test (tests run as root), each removed with its HOME afterwards.
+
+    ``name(tag)`` gives a unique, valid user name not yet on this machine (it is created only if
+    the test, or a ship under test, creates it); ``create(tag)`` also creates it now.
+    """
+
+    def __init__(self) -> None:
+        import secrets as _secrets
+
+        self._prefix = "ft" + _secrets.token_hex(3)
+        self.names: list[str] = []
+
+    def name(self, tag: str) -> str:
+        name = f"{self._prefix}-{tag}"[:32]
+        if name not in self.names:
+            self.names.append(name)
+        return name
+
+    def create(self, tag: str, home: str | None = None) -> str:
+        import subprocess
+
+        name = self.name(tag)
+        args = ["useradd", "--user-group", "--shell", "/bin/sh"]
+        args += ["--create-home", "--home-dir", home] if home else ["--create-home"]
+        subprocess.run([*args, name], check=True, capture_output=True)
+        return name
+
+    def cleanup(self) -> None:
+        import pwd
+        import shutil
+        import subprocess
+
+        for name in self.names:
+            try:
+                home = pwd.getpwnam(name).pw_dir
+            except KeyError:
+                continue
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+            if home.startswith("/home/") and os.path.isdir(home):
+                shutil.rmtree(home, ignore_errors=True)
+            subprocess.run(["groupdel", name], capture_output=True)

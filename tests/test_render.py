@@ -88,11 +88,13 @@ def test_template_suffix_is_dropped_and_output_is_byte_exact(tmp_path):
     assert tree.manifest.get("runner/raw.bin").digest == sha256_digest(b"\x00\xff{{ not_a_template }}")
 
 
-def test_agent_dirs_and_credentials_place(tmp_path):
+def test_agent_dirs_and_no_credentials_in_the_release(tmp_path):
     bp = make_project(tmp_path, {"runner": {"a": "x"}})
     tree = _render(tmp_path, bp)
     assert tree.manifest.get("agents/w1/agent.yaml").digest == sha256_digest(b"agent: w1\nrole: worker\n")
-    assert tree.manifest.get("agents/w1/credentials").mode == "0700"
+    # Credentials live beside the releases (credentials/<agent>/), never inside one.
+    assert tree.manifest.get("agents/w1/credentials") is None
+    assert not any(p.startswith("credentials") for p in tree.manifest.paths())
 
 
 def test_only_skills_of_the_hosts_roles_are_shipped(tmp_path):
@@ -121,7 +123,7 @@ def test_render_out_writes_the_tree_with_modes(tmp_path):
     snap = snapshot(out)
     assert snap[b"runner/tool"][1] == 0o755
     assert snap[b"runner/l"][0] == "symlink" and snap[b"runner/l"][4] == b"tool"
-    assert snap[b"agents/w1/credentials"][1] == 0o700
+    assert b"agents/w1/credentials" not in snap
     # never overwrites
     again = cli("render", "h", "--out", str(out), inventory=inv, blueprint=bp)
     assert again.code == 2 and "not an empty directory" in again.stderr

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,9 +34,30 @@ U1, U2 = "fleet-runner-a1.service", "fleet-runner-a2.service"
 ROLES = {"worker": {"prompt": "work"}, "helper": {"prompt": "help"}}
 
 
+# Real users of this machine, one per agent, created once for the module (a systemd host needs
+# user: for every agent, and ship creates missing ones).
+USERS = {"a1": "fltsvc-a1", "a2": "fltsvc-a2"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def agent_users():
+    import pwd
+
+    for name in USERS.values():
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--user-group", "--create-home", "--shell", "/bin/sh", name],
+                           check=True, capture_output=True)
+    yield USERS
+    for name in USERS.values():
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
 def expected_unit(agent: str, role: str, host: str, root: str) -> bytes:
     """The unit templates/fleet-runner.service.j2 must render to, written out by hand."""
     state, workspace = f"{root}/state/{agent}", f"{root}/workspace/{agent}"
+    user = USERS[agent]
     return f"""\
 # Rendered by fleetctl for agent {agent} on host {host}; the next ship overwrites edits.
 # One runner per agent: fleet-runner-{agent}.service in the host's systemd_unit_dir (docs/runner.md).
@@ -49,15 +71,15 @@ StartLimitBurst=5
 [Service]
 Type=simple
 # The agent's own user, group and HOME; nothing else on the host runs as it.
-User={agent}
-Group={agent}
-Environment="HOME=/home/{agent}"
+User={user}
+Group={user}
+Environment="HOME=/home/{user}"
 Environment="FLEET_ROOT={root}"
 Environment=PYTHONDONTWRITEBYTECODE=1
 UMask=0077
 # State and workspace live outside the release tree, owned by the agent (0700). "+" runs this
 # line with full privileges; "-" lets the working directory be missing until it has run.
-ExecStartPre=+/usr/bin/install -d -m 0700 -o {agent} -g {agent} "/home/{agent}" "{state}" "{workspace}"
+ExecStartPre=+/usr/bin/install -d -m 0700 -o {user} -g {user} "/home/{user}" "{state}" "{workspace}"
 WorkingDirectory=-{workspace}
 ExecStart="{root}/current/runner/bin/fleet-runner" --agent {agent} --root "{root}" --state-dir "{state}" --workspace "{workspace}"
 # Restart after a crash; not after exit 2 (broken config or release: a restart cannot help)
@@ -156,8 +178,8 @@ class Box:
                  "systemctl": str(self.fake.path)}
         if service is not None:
             extra["service"] = service
-        agents = agents if agents is not None else {"a1": {"role": "worker"},
-                                                    "a2": {"role": "worker"}}
+        agents = agents if agents is not None else {"a1": {"role": "worker", "user": USERS["a1"]},
+                                                    "a2": {"role": "worker", "user": USERS["a2"]}}
         write_inventory(self.inv, {"h": local_host(self.root, agents, **extra)})
 
     def ship(self, *extra: str):
@@ -245,7 +267,7 @@ def test_a_second_ship_without_changes_rewrites_nothing_and_starts_without_resta
 
 
 def test_removing_an_agent_disables_stops_and_deletes_its_unit(box):
-    box.configure(agents={"a1": {"role": "worker"}})
+    box.configure(agents={"a1": {"role": "worker", "user": USERS["a1"]}})
     run = box.ship()
     assert run.code == 0, run.stdout + run.stderr
     assert box.units() == {U1}
@@ -260,7 +282,7 @@ def test_removing_an_agent_disables_stops_and_deletes_its_unit(box):
 def test_a_role_change_rewrites_only_that_unit(box):
     u1_before = identity(box.unit(U1))
     u2_before = box.unit(U2).read_bytes()
-    box.configure(agents={"a1": {"role": "worker"}, "a2": {"role": "helper"}})
+    box.configure(agents={"a1": {"role": "worker", "user": USERS["a1"]}, "a2": {"role": "helper", "user": USERS["a2"]}})
     units_before = snapshot(box.unit_dir)
     dry = box.ship("--dry-run")
     assert dry.code == 0 and dry.host("h")["status"] == "dry-run"
@@ -417,7 +439,7 @@ def test_ship_over_ssh_installs_and_restarts_units(tmp_path, sshd_pool, ssh_clie
     b = Box(tmp_path)
     write_inventory(b.inv, {"web1": ssh_host(
         sshd_pool[0], ssh_client_key, ssh_known_hosts, b.root,
-        agents={"a1": {"role": "worker"}, "a2": {"role": "worker"}}, service="systemd",
+        agents={"a1": {"role": "worker", "user": USERS["a1"]}, "a2": {"role": "worker", "user": USERS["a2"]}}, service="systemd",
         systemd_unit_dir=str(b.unit_dir), systemctl=str(b.fake.path))})
     run = b.ship()
     assert run.code == 0, run.stdout + run.stderr

@@ -73,7 +73,6 @@ def test_first_ship_lays_out_the_exact_tree(fleet):
         b"agents": ("dir", 0o755, uid, gid, None),
         b"agents/w1": ("dir", 0o755, uid, gid, None),
         b"agents/w1/agent.yaml": ("file", 0o644, uid, gid, sha(b"agent: w1\nrole: worker\n")),
-        b"agents/w1/credentials": ("dir", 0o700, uid, gid, None),
     }
     assert without_inodes(snap) == expected
     assert os.readlink(fleet.current).startswith(b"releases/".decode())

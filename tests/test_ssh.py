@@ -57,7 +57,7 @@ def expected_tree(runner: dict, executable: tuple[str, ...] = EXECUTABLE, uid: i
 
     ``runner`` is the spec of ``blueprint/runner`` with templates already rendered by hand.
     Files are 0644 unless listed in ``executable`` (0755), directories 0755, the agent's
-    credentials directory 0700, the agent config rendered by hand from helpers.AGENT_TEMPLATE.
+    the agent config rendered by hand from helpers.AGENT_TEMPLATE.
     """
     out: dict[bytes, tuple] = {}
 
@@ -82,7 +82,6 @@ def expected_tree(runner: dict, executable: tuple[str, ...] = EXECUTABLE, uid: i
         out[base] = ("dir", 0o755, uid, gid, None)
         out[base + b"/agent.yaml"] = ("file", 0o644, uid, gid,
                                       _sha(f"agent: {agent}\nrole: worker\n".encode()))
-        out[base + b"/credentials"] = ("dir", 0o700, uid, gid, None)
     return out
 
 

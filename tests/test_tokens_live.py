@@ -8,6 +8,7 @@ exact fields; the statistics are computed here from the numbers the test chose.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -180,3 +181,203 @@ def test_since_keeps_only_later_turns(tmp_path):
     assert run.doc["since"] == "2026-11-30T01:00:00.000Z"
     assert run.agent("t1")["turns"] == 2
     assert run.agent("t1")["first"] == times[2]
+
+
+# -- dead weight: declared CLIs and MCP tools against the calls the ledger records -------------
+
+TOOLS = ("search_issues", "create_issue", "get_viewer")
+
+
+def _snapshot(path: Path) -> Path:
+    """A tools/list snapshot of three small tools."""
+    path.write_text(json.dumps({"tools": [
+        {"name": n, "description": f"{n.replace('_', ' ')}.",
+         "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}
+        for n in TOOLS]}))
+    return path
+
+
+def _dw_project(base: Path, snapshot_path: Path, with_notify_cli: bool = True
+                ) -> tuple[Path, Path]:
+    """One triager (skills reply and notify, the snapshot's MCP server) on a local host."""
+    inv, bp = make_tokens_project(
+        base, {"triager": {"prompt": "You triage incoming issues.", "skills": ["reply", "notify"],
+                           "mcp_servers": {"tracker": {"snapshot": str(snapshot_path)}}}},
+        skills={"reply": "Send your answer.", "notify": "Escalate to a person."})
+    if not with_notify_cli:
+        (bp / "skills" / "notify" / "bin" / "notify").unlink()
+    return inv, bp
+
+
+def _with_calls(rec: dict, calls: dict | None, tool_calls: dict | None = None) -> str:
+    if calls is not None:
+        rec["calls"] = calls
+    if tool_calls is not None:
+        rec["tool_calls"] = tool_calls
+    return json.dumps(rec)
+
+
+def test_dead_weight_is_declared_minus_called_with_prefix_tokens(tmp_path):
+    """Calls summed over the turns that record them; notify and two of the three tracker tools
+    never called are the dead weight, each with the tokens the audit gives it (the CLI's line:
+    the audit's total with and without that CLI; a tool: the audit's marginal cost)."""
+    snap = _snapshot(tmp_path / "tracker.tools.json")
+    inv, bp = _dw_project(tmp_path / "p", snap)
+    root = tmp_path / "p" / "box"
+    t = "2026-11-30T01:00:0{}.000Z"
+    write_ledger(root, "triager", [
+        _with_calls(record("triager", "h1", 0, 10, time=t.format(0)), None),  # an older runner
+        _with_calls(record("triager", "h1", 1, 10, time=t.format(1)), {"reply": 1, "notify": 0},
+                    {}),
+        _with_calls(record("triager", "h1", 2, 10, time=t.format(2)), {"reply": 2},
+                    {"tracker/search_issues": 3, "wiki/find": 1}),
+        _with_calls(record("triager", "h1", 3, 10, time=t.format(3)), {"reply": 1, "forge": 2},
+                    {"tracker/search_issues": 1}),
+        _with_calls(record("triager", "h1", 4, 10, time=t.format(4)), {"reply": "one"}),
+        _with_calls(record("triager", "h1", 5, 10, time=t.format(5)), None),  # an older runner
+    ])
+    audit = tokens("--format", "json", project=(inv, bp))
+    assert audit.code == 0, audit.stderr
+    without = tokens("--format", "json", project=_dw_project(tmp_path / "q", snap, False))
+    notify_tokens = (audit.agent("triager")["total_tokens"]
+                     - without.agent("triager")["total_tokens"])
+    marginal = {t["name"]: t["marginal_tokens"] for t in audit.agent("triager")["tools"]}
+    assert notify_tokens > 0 and marginal["mcp__tracker__create_issue"] > 0
+
+    run = tokens("--live", "--format", "json", project=(inv, bp))
+    assert run.code == 0, run.stdout + run.stderr
+    a = run.agent("triager")
+    assert a["turns"] == 5 and a["malformed"]["count"] == 1
+    assert a["malformed"]["examples"][0]["reason"] == "calls is not an object of counts"
+    c = a["calls"]
+    assert c["declared_clis"] == ["notify", "reply"]
+    assert c["declared_mcp_servers"] == ["tracker"]
+    assert c["declared_mcp_tools"] == [f"tracker/{n}" for n in TOOLS]
+    assert c["mcp_servers"] == [{"name": "tracker", "status": "ok", "tools": 3, "detail": ""}]
+    assert c["recorded_turns"] == {"calls": 3, "tool_calls": 3}
+    assert c["called"] == {"clis": {"forge": 2, "reply": 4},
+                           "tools": {"tracker/search_issues": 4, "wiki/find": 1}}
+    assert c["called_undeclared"] == {"clis": ["forge"], "tools": ["wiki/find"]}
+    dead = c["dead_weight"]
+    assert dead["clis"] == [{"name": "notify", "skill": "notify", "prefix_tokens": notify_tokens}]
+    assert dead["tools"] == [
+        {"name": "tracker/create_issue", "server": "tracker",
+         "prefix_tokens": marginal["mcp__tracker__create_issue"]},
+        {"name": "tracker/get_viewer", "server": "tracker",
+         "prefix_tokens": marginal["mcp__tracker__get_viewer"]}]
+    total = notify_tokens + marginal["mcp__tracker__create_issue"] \
+        + marginal["mcp__tracker__get_viewer"]
+    assert dead["prefix_tokens"] == total and c["prefix_counter"] == "o200k_base"
+    assert c["note"] == ("recorded in 3 of 5 turns; the other lines are from a runner that did "
+                         "not record calls")
+
+    text = tokens("--live", project=(inv, bp))
+    assert "declared: CLIs notify, reply; MCP servers tracker (3 tools)" in text.stdout
+    assert ("called (recorded in 3 of 5 turns; the other lines are from a runner that did not "
+            "record calls): CLIs forge 2, reply 4; MCP tools tracker/search_issues 4, "
+            "wiki/find 1") in text.stdout
+    assert (f"dead weight (declared, never called): CLI notify ({notify_tokens}), tool "
+            f"tracker/create_issue ({marginal['mcp__tracker__create_issue']}), tool "
+            f"tracker/get_viewer ({marginal['mcp__tracker__get_viewer']}): {total} prefix "
+            "tokens a turn (o200k_base)") in text.stdout
+    md = tokens("--live", "--format", "markdown", project=(inv, bp))
+    assert f"| 1 | 0 | 3 ({total} tokens) |" in md.stdout
+
+    # Only the last turn, from an older runner: not recorded, never "never called".
+    old = tokens("--live", "--format", "json", "--since", t.format(4), project=(inv, bp))
+    c = old.agent("triager")["calls"]
+    assert old.agent("triager")["turns"] == 1
+    assert c["called"] is None and c["recorded_turns"] == {"calls": 0, "tool_calls": 0}
+    assert c["dead_weight"] == {"clis": None, "tools": None, "prefix_tokens": None}
+    assert c["note"].startswith("not recorded")
+    old_text = tokens("--live", "--since", t.format(4), project=(inv, bp)).stdout
+    assert "called: not recorded" in old_text and "dead weight (declared" not in old_text
+    assert "| not recorded |" in tokens("--live", "--format", "markdown", "--since", t.format(4),
+                                        project=(inv, bp)).stdout
+
+
+def test_what_cannot_be_counted_or_listed_is_said(tmp_path):
+    """A server whose snapshot is gone is reported (its tools are not dead weight) and a
+    blueprint without the runner's prefix builder leaves the prefix tokens unknown; both are
+    said, the ledger is still summarised and the exit code stays 0."""
+    inv, bp = _dw_project(tmp_path, tmp_path / "gone.tools.json")
+    (bp / "runner" / "fleet_runner" / "prefix.py").unlink()
+    write_ledger(tmp_path / "box", "triager", [
+        _with_calls(record("triager", "h1", 0, 10), {"reply": 1}, {"tracker/get_viewer": 1})])
+    run = tokens("--live", "--format", "json", project=(inv, bp))
+    assert run.code == 0, run.stdout + run.stderr
+    c = run.agent("triager")["calls"]
+    assert [s["status"] for s in c["mcp_servers"]] == ["bad-snapshot"]
+    assert c["declared_mcp_tools"] == [] and c["called_undeclared"]["tools"] == []
+    assert c["dead_weight"]["clis"] == [{"name": "notify", "skill": "notify",
+                                         "prefix_tokens": None}]
+    assert c["dead_weight"]["prefix_tokens"] is None and c["prefix_counter"] is None
+    assert "prefix tokens not counted" in c["prefix_note"] and "prefix.py" in c["prefix_note"]
+    assert "MCP server(s) tracker could not be listed" in c["note"]
+    text = tokens("--live", project=(inv, bp)).stdout
+    assert "MCP servers tracker (not listed: bad-snapshot:" in text
+    assert "dead weight (declared, never called): CLI notify (prefix tokens not counted:" in text
+
+
+# -- a line being written while --live reads ------------------------------------------------------
+
+
+def test_last_line_without_newline_is_partial_not_malformed(tmp_path, sshd_pool, ssh_client_key,
+                                                            ssh_known_hosts):
+    """On a local host and an sshd box: a cut-short complete line is malformed (counted,
+    quoted), a last line without its newline is partial (skipped, counted apart), also with
+    --since, and a file that is only a partial line has no turns and no malformed line."""
+    roots = {"local": tmp_path / "l", "box": tmp_path / "b"}
+    for name, root in roots.items():
+        lines = [json.dumps(record("t1", name, i, 10 + i)) for i in range(4)]
+        lines.insert(2, '{"schema_version": 1, "time": "2026')  # cut short, newline after it
+        path = write_ledger(root, "t1", lines)
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record("t1", name, 9, 99)))  # being written: no newline yet
+        write_ledger(root, "t2", [])
+        (root / "state" / "t2" / "ledger.jsonl").write_text('{"schema_version": 1, "ti')
+    inv, bp = project(tmp_path, {
+        "local": local_host(roots["local"], {"t1": {"role": "triager"},
+                                             "t2": {"role": "triager"}}),
+        "box": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, roots["box"],
+                        {"t1": {"role": "triager"}, "t2": {"role": "triager"}})})
+    for args in ((), ("--since", "2000-01-01T00:00:00Z")):
+        run = tokens("--live", "--format", "json", *args, project=(inv, bp))
+        assert run.code == 0, run.stdout + run.stderr
+        for a in run.doc["agents"]:
+            if a["agent"] == "t1":
+                assert (a["turns"], a["lines"], a["partial"]) == (4, 5, 1)
+                assert a["malformed"]["count"] == 1
+                assert a["malformed"]["examples"][0]["line_number"] == 3
+                assert a["prefix_tokens"]["max"] == 63  # not the partial line's 149
+            else:
+                assert (a["status"], a["turns"], a["lines"], a["partial"]) == ("ok", 0, 0, 1)
+                assert a["malformed"]["count"] == 0
+    text = tokens("--live", project=(inv, bp)).stdout
+    assert text.count("partial line: 1 (being written as it was read; skipped)") == 4
+    assert text.count("malformed lines: 1 (skipped)") == 2
+
+
+def test_a_line_appended_in_pieces_is_partial_until_its_newline(tmp_path):
+    """The runner's line format appended in pieces with O_APPEND writes (cut inside a
+    multi-byte character and just before the newline): every read between two pieces sees the
+    complete turns and one partial line, never a malformed one."""
+    root = tmp_path / "r"
+    path = write_ledger(root, "t1", [])
+    inv, bp = project(tmp_path, {"local": local_host(root, {"t1": {"role": "triager"}})})
+    for i in range(3):
+        rec = record("t1", "local", i, 10 * i + 10)
+        rec["outcome"] = "exited with status 0 — résumé ✓"
+        data = (json.dumps(rec, sort_keys=True, ensure_ascii=False) + "\n").encode()
+        cut = data.index("✓".encode()) + 1  # inside the character
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            for piece in (data[:cut], data[cut:-1], data[-1:]):
+                os.write(fd, piece)
+                a = tokens("--live", "--format", "json", project=(inv, bp)).agent("t1")
+                done = piece == data[-1:]
+                assert a["malformed"]["count"] == 0, a["malformed"]
+                assert (a["turns"], a["partial"]) == (i + 1 if done else i, 0 if done else 1)
+        finally:
+            os.close(fd)
+    assert a["prefix_tokens"]["sum"] == 60 + 70 + 80

@@ -86,7 +86,6 @@ def expected_tree(host_name: str) -> dict[bytes, tuple]:
     out[b"agents"] = ("dir", 0o755, 0, 0, None)
     out[b"agents/w1"] = ("dir", 0o755, 0, 0, None)
     out[b"agents/w1/agent.yaml"] = ("file", 0o644, 0, 0, _sha(b"agent: w1\nrole: worker\n"))
-    out[b"agents/w1/credentials"] = ("dir", 0o700, 0, 0, None)
     return out
 
 

@@ -16,6 +16,7 @@ the roles declare. One module per job:
   ``--compare mcp``, ``--baseline``
 - :mod:`fleetctl.tokens.render`    the report as text, JSON or Markdown, from the same records
 - :mod:`fleetctl.tokens.live`      ``--live``: the runners' ledgers read from the hosts, per agent
+- :mod:`fleetctl.tokens.deadweight` ``--live``: declared CLIs and MCP tools against those called
 
 Importing this package imports nothing heavy: ``fleetctl.blueprint`` may import
 :mod:`fleetctl.tokens.declare` for the role fields without pulling in a tokenizer or the MCP SDK.

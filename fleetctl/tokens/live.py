@@ -5,19 +5,23 @@ Each runner appends one JSON line per model turn to ``<root>/state/<agent>/ledge
 that has a selected agent, with the host-side program's read-only ``ledgers`` op (one round
 trip per host, the same transports as drift, hosts in parallel, one host's failure never stops
 the others), and summarises them per agent: turns, median and p95 prefix tokens, the model's
-reported usage per turn, the counter the runner used, and the CLIs and tools the role declares
-against those actually called (which the ledger does not record yet: reported as such).
+reported usage per turn, the counter the runner used, and the CLIs and MCP tools the role
+declares against those its turns actually called (the lines' ``calls`` and ``tool_calls``),
+naming the dead weight, declared but never called, with its prefix tokens
+(:mod:`fleetctl.tokens.deadweight`). Lines of a runner that does not record calls make the
+calls "not recorded", never "never called".
 
-A malformed line is counted and quoted, never fatal. A missing ledger (an agent that has not
-run a turn yet) is reported and is not an error. An unreadable ledger or a host that cannot be
-read makes the report incomplete: exit 2. There is no live budget, so never exit 1.
+A malformed complete line is counted and quoted, never fatal. A last line without its newline
+is a line the runner is writing right now: the host skips it and it is counted as ``partial``,
+not malformed. A missing ledger (an agent that has not run a turn yet) is reported and is not
+an error. An unreadable ledger or a host that cannot be read makes the report incomplete:
+exit 2. There is no live budget, so never exit 1.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +33,7 @@ from fleetctl.errors import EXIT_ERROR, InputError
 from fleetctl.hostcall import HostCall
 from fleetctl.inventory import Host, load_inventory
 from fleetctl.results import HostResult
+from fleetctl.tokens.deadweight import Declared, call_counts_problem, summarise_calls
 from fleetctl.transport import open_transport
 
 SCHEMA_VERSION = 1
@@ -80,20 +85,22 @@ class AgentLedger:
     """One agent's ledger as read from its host, and its summary.
 
     ``status``: ``ok`` (read), ``missing`` (no ledger yet), ``unreadable`` (the host could not
-    read it), ``host-error`` (the host could not be reached or failed).
+    read it), ``host-error`` (the host could not be reached or failed). ``lines`` counts the
+    complete lines read (records and malformed ones); ``partial`` the last lines skipped because
+    they were still being written (no newline yet: 0 or 1).
     """
 
     host: str
     agent: str
     role: str
-    declared_clis: list[str]
-    declared_mcp_servers: list[str]
+    declared: Declared = field(default_factory=Declared)
     status: str = "ok"
     error: str | None = None
     path: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     malformed: list[Malformed] = field(default_factory=list)
     lines: int = 0
+    partial: int = 0
 
     def add_line(self, line: str) -> None:
         self.lines += 1
@@ -150,19 +157,14 @@ class AgentLedger:
                                 "note": COUNTER_NOTES.get(c, "")} for c in counters],
             "usage": {"turns_with_usage": len(usage), "per_turn_mean": per_turn,
                       "totals": totals},
-            "calls": {
-                "declared_clis": self.declared_clis,
-                "declared_mcp_servers": self.declared_mcp_servers,
-                "called": None,
-                "note": "not recorded (the ledger keeps no per-call record): the dead weight, "
-                        "declared but never called, cannot be told yet",
-            },
+            "calls": summarise_calls(recs, self.declared),
         }
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "host": self.host, "agent": self.agent, "role": self.role, "status": self.status,
             "error": self.error, "path": self.path, "lines": self.lines,
+            "partial": self.partial,
             "malformed": {"count": len(self.malformed),
                           "examples": [{"line_number": m.number, "reason": m.reason,
                                         "line": m.line}
@@ -191,7 +193,7 @@ def _record_problem(record: Any) -> str | None:
     usage = record.get("usage")
     if usage is not None and not isinstance(usage, dict):
         return "usage is not an object"
-    return None
+    return call_counts_problem(record)
 
 
 @dataclass
@@ -218,21 +220,6 @@ class LiveReport:
         }
 
 
-def _declared(blueprint: Path, roles: dict[str, Any], role_name: str) -> tuple[list[str],
-                                                                               list[str]]:
-    role = roles[role_name]
-    clis: list[str] = []
-    for skill in role.skills:
-        bin_dir = blueprint / "skills" / skill / "bin"
-        try:
-            names = os.listdir(bin_dir)
-        except OSError:
-            continue
-        clis.extend(n for n in names if not n.startswith(".") and (
-            (bin_dir / n).is_symlink() or (bin_dir / n).is_file()))
-    return sorted(set(clis)), sorted(role.mcp_servers)
-
-
 def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | None) -> None:
     """Run the ``ledgers`` op on ``host`` and fill each agent's ledger from the events.
 
@@ -253,6 +240,8 @@ def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | N
             mine = by_name.get(event.get("agent"))
             if kind == "ledger" and mine is not None:
                 mine.add_line(event["line"])
+            elif kind == "ledger-partial" and mine is not None:
+                mine.partial += 1
             elif kind == "ledger-missing" and mine is not None:
                 mine.status, mine.path = "missing", event.get("path")
             elif kind == "ledger-unreadable" and mine is not None:
@@ -275,22 +264,34 @@ def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
                 since: str | None = None, parallel: int = 8) -> LiveReport:
     """Read and summarise the ledgers of the selected agents (all when none) from their hosts.
 
+    Args:
+        inventory: the inventory file.
+        blueprint: the blueprint directory (roles, skills, the runner's prefix builder).
+        agents: agent names or ``HOST/AGENT``; default every agent.
+        since: keep only turns that ended after this ISO 8601 time (no zone: UTC); default all.
+        parallel: hosts read at once; default 8.
+
+    The declared CLIs and MCP tools come from the blueprint (each declared MCP server is listed,
+    started for real when it is a stdio server); one that cannot be listed is reported in the
+    agent's ``calls`` and does not change the exit code.
+
     Raises:
         InputError: bad inventory, blueprint, agent name or ``since``.
     """
     from fleetctl.ship import run_hosts
     from fleetctl.tokens.audit import _select, load_roles
+    from fleetctl.tokens.deadweight import declared_by_role
 
     blueprint = Path(blueprint)
     roles = load_roles(blueprint)
     inv = load_inventory(Path(inventory), set(roles))
     selected = _select(inv, agents)
     since_norm = normalise_since(since) if since is not None else None
+    declared = declared_by_role(blueprint, roles, (a.role for _, a in selected))
     ledgers: list[AgentLedger] = []
     per_host: dict[str, list[AgentLedger]] = {}
     for host_name, agent in selected:
-        clis, servers = _declared(blueprint, roles, agent.role)
-        entry = AgentLedger(host_name, agent.name, agent.role, clis, servers)
+        entry = AgentLedger(host_name, agent.name, agent.role, declared[agent.role])
         ledgers.append(entry)
         per_host.setdefault(host_name, []).append(entry)
     hosts = [h for h in inv.hosts if h.name in per_host]
@@ -305,7 +306,7 @@ def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
                 for entry in mine:  # nothing half-read is summarised as if it were whole
                     entry.records.clear()
                     entry.malformed.clear()
-                    entry.lines = 0
+                    entry.lines = entry.partial = 0
                     entry.status = "host-error"
             raise
         return HostResult(host.name, "ok")
@@ -357,16 +358,71 @@ def _agent_lines(a: dict[str, Any]) -> list[str]:
                    "per turn: " + ", ".join(f"{k} {_n(v)}" for k, v in u["per_turn_mean"].items()))
     else:
         out.append("  model-reported usage: none (the agent command reported no usage)")
-    c = a["calls"]
-    out.append("  declared: CLIs " + (", ".join(c["declared_clis"]) or "(none)")
-               + "; MCP servers " + (", ".join(c["declared_mcp_servers"]) or "(none)"))
-    out.append(f"  called: {c['note']}")
+    out.extend(_calls_lines(a["calls"]))
     m = a["malformed"]
     if m["count"]:
         out.append(f"  malformed lines: {m['count']} (skipped)")
         out.extend(f"    line {e['line_number']}: {e['reason']}: {e['line'][:80]!r}"
                    for e in m["examples"])
+    if a["partial"]:
+        out.append(f"  partial line: {a['partial']} (being written as it was read; skipped)")
     return out
+
+
+DEAD_SHOWN = 12
+"""How many dead-weight items per agent the text names (JSON has all)."""
+
+
+def _counts(counts: dict[str, int] | None) -> str:
+    if counts is None:
+        return "not recorded"
+    return ", ".join(f"{k} {v:,}" for k, v in counts.items()) or "none"
+
+
+def _calls_lines(c: dict[str, Any]) -> list[str]:
+    """Declared, called and dead weight, as plain lines."""
+    servers = ", ".join(
+        s["name"] + (f" ({s['tools']} tools)" if s["status"] == "ok"
+                     else f" (not listed: {s['status']}: {s['detail']})")
+        for s in c["mcp_servers"]) or "(none)"
+    out = ["  declared: CLIs " + (", ".join(c["declared_clis"]) or "(none)")
+           + "; MCP servers " + servers]
+    if c["called"] is None:
+        out.append(f"  called: {c['note']}")
+        return out
+    called = c["called"]
+    out.append(f"  called ({c['note']}): CLIs {_counts(called['clis'])}; MCP tools "
+               f"{_counts(called['tools'])}")
+    und = c["called_undeclared"]
+    if und["clis"] or und["tools"]:
+        out.append("  called but not declared: " + ", ".join(und["clis"] + und["tools"]))
+    dead = c["dead_weight"]
+    items = [("CLI", i) for i in dead["clis"] or []] + [("tool", i) for i in dead["tools"] or []]
+    unknown = [k for k, v in (("CLIs", dead["clis"]), ("MCP tools", dead["tools"])) if v is None]
+    if not items:
+        out.append("  dead weight (declared, never called): none"
+                   + (f" ({' and '.join(unknown)} not recorded)" if unknown else ""))
+        return out
+    shown = ", ".join(f"{kind} {i['name']}"
+                      + (f" ({i['prefix_tokens']:,})" if i["prefix_tokens"] is not None else "")
+                      for kind, i in items[:DEAD_SHOWN])
+    more = f", and {len(items) - DEAD_SHOWN} more" if len(items) > DEAD_SHOWN else ""
+    total = (f": {dead['prefix_tokens']:,} prefix tokens a turn ({c['prefix_counter']})"
+             if dead["prefix_tokens"] is not None else
+             f" ({c['prefix_note'] or 'prefix tokens not known'})")
+    out.append(f"  dead weight (declared, never called): {shown}{more}{total}"
+               + (f"; {' and '.join(unknown)} not recorded" if unknown else ""))
+    return out
+
+
+def _dead_cell(c: dict[str, Any]) -> str:
+    """The Markdown table's dead-weight cell: items and their prefix tokens, or why not."""
+    if c["called"] is None:
+        return "not recorded"
+    dead = c["dead_weight"]
+    n = len(dead["clis"] or []) + len(dead["tools"] or [])
+    tokens = f" ({dead['prefix_tokens']:,} tokens)" if dead["prefix_tokens"] is not None else ""
+    return f"{n}{tokens}"
 
 
 def _footer(doc: dict[str, Any]) -> list[str]:
@@ -395,8 +451,8 @@ def to_markdown(report: LiveReport) -> str:
     """The report as Markdown: one table of agents, then each agent's details."""
     doc = report.to_json()
     out = ["| agent | status | turns | median prefix | p95 prefix | usage in/turn | "
-           "usage out/turn | counter | malformed |",
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+           "usage out/turn | counter | malformed | partial | dead weight |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     for a in doc["agents"]:
         p = a["prefix_tokens"]
         per = a["usage"]["per_turn_mean"]
@@ -404,7 +460,7 @@ def to_markdown(report: LiveReport) -> str:
                    f"{_n(p['median'])} | {_n(p['p95'])} | {_n(per.get('input_tokens'))} | "
                    f"{_n(per.get('output_tokens'))} | "
                    f"{', '.join(c['name'] for c in a['token_counters']) or '-'} | "
-                   f"{a['malformed']['count']} |")
+                   f"{a['malformed']['count']} | {a['partial']} | {_dead_cell(a['calls'])} |")
     out.append("")
     for a in doc["agents"]:
         out.extend(["```text", *_agent_lines(a), "```"])
