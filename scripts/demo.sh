@@ -5,6 +5,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 2
 fleetctl() { .venv/bin/fleetctl "$@"; }
+# The grants' secrets (demo values) come from the environment, as the inventory says.
+. scripts/demo-secrets.sh
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 expect() {  # expect CODE WHAT: check the last exit code
   if [ "$1" != "$2" ]; then echo "demo: expected exit $2 ($3), got $1" >&2; exit 1; fi
@@ -33,6 +35,18 @@ fleetctl ship --yes --force; expect $? 0 "shipped"
 
 step "7. drift is clean again"
 fleetctl drift; expect $? 0 "in sync"
+
+step "8. each agent's credentials: beside the releases, 0700/0600, never in a release"
+ls -l .demo/alpha/credentials/engineer
+grep -rl "$DEMO_FORGE_TOKEN_ENGINEER" .demo/alpha/releases || echo "no secret in any release"
+
+step "9. the forge token of the engineer is rotated: drift shows a digest change, never the value"
+export DEMO_FORGE_TOKEN_ENGINEER=demo-forge-engineer-rotated-44c2
+fleetctl drift alpha; expect $? 1 "drift found"
+fleetctl ship --yes alpha; expect $? 0 "shipped"
+
+step "10. the least-privilege audit: the demo agents share your user (no Linux user of their own)"
+fleetctl creds audit; expect $? 1 "findings"
 
 step "releases on alpha (current -> $(readlink .demo/alpha/current))"
 ls .demo/alpha/releases

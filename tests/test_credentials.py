@@ -411,3 +411,19 @@ def test_json_changes_of_credentials_carry_no_size(fleet):
     assert set(after) == {"type", "mode", "owner", "digest"}
     assert changes["runner/run"]["secret"] is False and "size" in changes["runner/run"]["after"]
     json.dumps(dry.doc)
+
+
+def test_the_example_inventories_fit_the_real_blueprint():
+    """inventory/fleet.yaml and inventory/demo.yaml: every grant's scope fits its capability's
+    schema and every granted capability is declared by the agent's role."""
+    from fleetctl.blueprint import load_blueprint
+    from fleetctl.inventory import load_inventory
+
+    repo = Path(__file__).resolve().parents[1]
+    bp = load_blueprint(repo / "blueprint")
+    for name in ("fleet.yaml", "demo.yaml"):
+        inv = load_inventory(repo / "inventory" / name, blueprint=bp)
+        grants = {(a.name, g.capability) for h in inv.hosts for a in h.agents for g in a.grants}
+        assert grants and all(c in bp.capabilities for _, c in grants)
+    fleet = load_inventory(repo / "inventory" / "fleet.yaml", blueprint=bp)
+    assert all(a.user for h in fleet.hosts for a in h.agents)  # production: each its own user
