@@ -30,9 +30,19 @@ def test_demo_script_runs_every_step(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for line in ("-> exit 0 (shipped)", "-> exit 1 (drift found)", "-> exit 3 (refused)",
-                 "-> exit 0 (in sync)", "demo: all steps behaved as expected"):
+                 "-> exit 0 (in sync)", "-> exit 1 (findings)",
+                 "demo: all steps behaved as expected"):
         assert line in done.stdout
-    assert "hand-patch" in done.stdout
+    assert "hand-patch" in done.stdout and "no-own-user" in done.stdout
+    assert "credentials/engineer/forge-token.env" in done.stdout  # the rotation, as a digest
+    # Not one of the demo's secret values is printed, and none is inside a release.
+    values = [ln.split("=", 1)[1] for ln in (copy / "scripts" / "demo-secrets.sh").read_text()
+              .splitlines() if ln.startswith("export ")]
+    values.append("demo-forge-engineer-rotated-44c2")
+    assert len(values) == 8
+    for value in values:
+        assert value not in done.stdout + done.stderr
+    assert "no secret in any release" in done.stdout
 
 
 def _run_in_pty(argv: list[str], answer: bytes, cwd: Path, timeout_s: float = 60) -> tuple[int, bytes]:
