@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import (
     Symlink,
@@ -709,3 +710,26 @@ def test_ssh_agent_key_is_used_when_the_inventory_names_none(tmp_path, sshd_pool
     finally:
         agent.terminate()
         agent.wait(timeout=5)
+
+
+def test_a_missing_agent_user_without_root_stops_at_users_naming_the_refusal(user_box):
+    """Invariant 8 for accounts: a non-root login cannot create an agent's user. The ship stops
+    at step ``users`` with exit 2, says root is needed and which file (/etc/passwd) it would have
+    changed, never tries sudo, creates nobody, and the previous release stays in use."""
+    inv, bp, root, _user, _box = user_box
+    assert ship(inv, bp).code == 0
+    before = os.readlink(root / "current")
+    body = yaml.safe_load(inv.read_text())
+    wanted = "fct" + secrets.token_hex(4)
+    body["hosts"]["web1"]["agents"]["w1"]["user"] = wanted
+    inv.write_text(yaml.safe_dump(body))
+    plan = drift(inv, bp)
+    assert plan.code == 1 and f"user {wanted} does not exist" in " ".join(plan.host("web1")["accounts"])
+    run = ship(inv, bp)
+    result = run.host("web1")
+    assert run.code == 2 and result["step"] == "users", run.stdout
+    assert "needs root" in result["error"] and "/etc/passwd" in result["error"]
+    assert "nothing was retried" in result["error"]
+    assert os.readlink(root / "current") == before
+    with pytest.raises(KeyError):
+        pwd.getpwnam(wanted)
