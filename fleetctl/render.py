@@ -5,6 +5,7 @@ The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
     runner/...                       blueprint/runner, templates rendered
     skills/<name>/...                each skill a role on this host uses
     agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
+    agents/<agent>/mcp-bridge.json   its role's MCP servers, for the mcp-bridge CLI (if any)
     credentials/<agent>/<file>       its granted credentials (:mod:`fleetctl.credentials`),
                                      beside the releases on the host, never inside one
 
@@ -16,6 +17,7 @@ nothing makes an empty file. An undefined variable is an error naming the templa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import traceback
@@ -25,7 +27,7 @@ from typing import Any
 
 import jinja2
 
-from fleetctl.blueprint import Blueprint
+from fleetctl.blueprint import Blueprint, Role
 from fleetctl.credentials import credentials_dir, render_credentials
 from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
@@ -243,6 +245,9 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
         b.add_dir("agents", None, None, "(agents)")
         b.add_dir(base, None, None, "(agents)")
         b.add_file(f"{base}/agent.yaml", data, DEFAULT_FILE_MODE, f"agent {agent.name}")
+        bridge = bridge_config(blueprint.roles[agent.role])
+        if bridge is not None:
+            b.add_file(f"{base}/{BRIDGE_CONFIG}", bridge, DEFAULT_FILE_MODE, f"agent {agent.name}")
     secrets: dict[str, Secret] = {}
     if with_credentials:
         creds = render_credentials(blueprint, host, agent_context)
@@ -251,6 +256,32 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
         secrets = creds.secrets
     return DesiredTree(host=host.name, manifest=Manifest(b.entries.values()), contents=b.contents,
                        secrets=secrets)
+
+
+BRIDGE_CONFIG = "mcp-bridge.json"
+
+
+def bridge_config(role: Role) -> bytes | None:
+    """The ``mcp-bridge`` CLI's server list for an agent of ``role``, or ``None`` without servers.
+
+    ``{"servers": {NAME: {"command": [...], "env": {...}, "cwd": ...}}}`` (sorted keys, one
+    final newline), from the role's ``mcp_servers`` that have a ``command``; a server declared
+    only by a saved ``tools/list`` snapshot cannot be started, so it is left out. The bridge
+    reads it from ``$FLEET_RELEASE/agents/$FLEET_AGENT/mcp-bridge.json``.
+    """
+    servers = {}
+    for name, decl in role.mcp_servers.items():
+        if decl.command is None:
+            continue
+        spec: dict[str, Any] = {"command": list(decl.command)}
+        if decl.env:
+            spec["env"] = dict(decl.env)
+        if decl.cwd:
+            spec["cwd"] = decl.cwd
+        servers[name] = spec
+    if not servers:
+        return None
+    return (json.dumps({"servers": servers}, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def write_tree(tree: DesiredTree, out: Path) -> None:

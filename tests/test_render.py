@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,30 @@ def test_owner_must_name_user_and_group(tmp_path, owner):
     inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box", owner=owner)})
     run = cli("drift", inventory=inv, blueprint=make_project(tmp_path / "p2", {}))
     assert run.code == 2 and "hosts.h.owner" in run.stderr
+
+
+def test_a_role_with_mcp_servers_gets_the_bridge_config_the_bridge_reads(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}}, roles={"worker": {
+        "prompt": "p", "mcp_servers": {
+            "tracker": {"command": ["tracker-mcp", "--stdio"], "env": {"TRACKER_URL": "http://t"}},
+            "saved": {"snapshot": "tools.json"}}}})
+    tree = _render(tmp_path, bp)
+    entry = tree.manifest.get("agents/w1/mcp-bridge.json")
+    config = json.loads(tree.contents[entry.digest])
+    # Only servers that can be started; exactly the shape mcp-bridge's load_config accepts.
+    assert config == {"servers": {"tracker": {"command": ["tracker-mcp", "--stdio"],
+                                              "env": {"TRACKER_URL": "http://t"}}}}
+    assert entry.mode == "0644"
+    bridge = Path(__file__).resolve().parents[1] / "blueprint/skills/mcp-bridge/bin/mcp-bridge"
+    out_dir = tmp_path / "rel" / "agents" / "w1"
+    out_dir.mkdir(parents=True)
+    (out_dir / "mcp-bridge.json").write_bytes(tree.contents[entry.digest])
+    listed = subprocess.run([sys.executable, str(bridge), "--help"], capture_output=True, text=True,
+                            env={**os.environ, "FLEET_RELEASE": str(tmp_path / "rel"),
+                                 "FLEET_AGENT": "w1"})
+    assert listed.returncode == 0 and "tracker" in listed.stdout, listed.stderr
+
+
+def test_a_role_without_mcp_servers_gets_no_bridge_config(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}})
+    assert _render(tmp_path, bp).manifest.get("agents/w1/mcp-bridge.json") is None
