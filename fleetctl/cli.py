@@ -17,7 +17,8 @@ from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeEl
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint, load_blueprint
-from fleetctl.cli_common import Format, err, find_project, print_error
+from fleetctl.cli_common import (BlueprintOpt, DebugOpt, Format, FormatOpt, InventoryOpt, OutputOpt,
+                                 ParallelOpt, TimeoutOpt, err, find_project, print_error)
 from fleetctl.cli_tokens import tokens_command
 from fleetctl.errors import EXIT_REFUSED, FleetctlError, InputError, worst_exit
 from fleetctl.inventory import Inventory, load_inventory
@@ -33,16 +34,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
-                            help="Inventory file \\[default: inventory/demo.yaml of the project].")
-BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
-                            help="Blueprint directory \\[default: blueprint/ of the project].")
-FormatOpt = typer.Option(Format.text, "--format", "-f", help="Output format.")
-OutputOpt = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout.")
-ParallelOpt = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once.")
-TimeoutOpt = typer.Option(120.0, "--timeout", min=0.1,
-                          help="Seconds per host for connecting and each operation.")
-DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
 
 
 def _load(inventory: Optional[Path], blueprint: Optional[Path],

@@ -6,6 +6,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
+import typer
 from rich.console import Console
 
 from fleetctl.errors import FleetctlError
@@ -38,3 +39,16 @@ def print_error(exc: FleetctlError) -> None:
     err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
     if exc.hint:
         err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
+
+
+# The options every command shares (DESIGN.md §4), defined once.
+InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
+                            help="Inventory file \\[default: inventory/demo.yaml of the project].")
+BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
+                            help="Blueprint directory \\[default: blueprint/ of the project].")
+FormatOpt = typer.Option(Format.text, "--format", "-f", help="Output format.")
+OutputOpt = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout.")
+ParallelOpt = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once.")
+TimeoutOpt = typer.Option(120.0, "--timeout", min=0.1,
+                          help="Seconds per host for connecting and each operation.")
+DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")

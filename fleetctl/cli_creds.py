@@ -24,7 +24,8 @@ from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
-from fleetctl.cli_common import Format, err
+from fleetctl.cli_common import (BlueprintOpt, DebugOpt, Format, FormatOpt, InventoryOpt, OutputOpt,
+                                 ParallelOpt, TimeoutOpt, err)
 from fleetctl.creds_audit import AuditOptions, AuditReport, to_json, to_markdown
 from fleetctl.names import printable
 
@@ -45,19 +46,13 @@ def audit(
     hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to audit \\[default: all]."),
     static: bool = typer.Option(False, "--static",
                                 help="Blueprint and inventory only: contact no host."),
-    inventory: Optional[Path] = typer.Option(
-        None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
-        help="Inventory file \\[default: inventory/demo.yaml of the project]."),
-    blueprint: Optional[Path] = typer.Option(
-        None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
-        help="Blueprint directory \\[default: blueprint/ of the project]."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to FILE, not stdout."),
-    parallel: int = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once."),
-    timeout: float = typer.Option(120.0, "--timeout", min=0.1,
-                                  help="Seconds per host for connecting and each operation."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
+    inventory: Optional[Path] = InventoryOpt,
+    blueprint: Optional[Path] = BlueprintOpt,
+    fmt: Format = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+    parallel: int = ParallelOpt,
+    timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Audit grants (static) and secret files on the hosts (live): exit 0 clean, 1 findings,
     2 error."""

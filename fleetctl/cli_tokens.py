@@ -26,7 +26,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fleetctl.cli_common import Format, err, find_project, print_error
+from fleetctl.cli_common import (BlueprintOpt, DebugOpt, Format, FormatOpt, InventoryOpt, OutputOpt,
+                                 err, find_project, print_error)
 from fleetctl.errors import EXIT_ERROR, FleetctlError
 
 class CompareWith(str, Enum):
@@ -68,16 +69,11 @@ def tokens_command(
         None, "--since", help="With --live: only turns that ended after this ISO 8601 time."),
     parallel: int = typer.Option(8, "--parallel", "-p", min=1,
                                  help="With --live: hosts at once."),
-    inventory: Optional[Path] = typer.Option(
-        None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
-        help="Inventory file \\[default: inventory/demo.yaml of the project]."),
-    blueprint: Optional[Path] = typer.Option(
-        None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
-        help="Blueprint directory \\[default: blueprint/ of the project]."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to FILE, not stdout."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of internal errors."),
+    inventory: Optional[Path] = InventoryOpt,
+    blueprint: Optional[Path] = BlueprintOpt,
+    fmt: Format = FormatOpt,
+    output: Optional[Path] = OutputOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Measure each agent's prompt prefix against its budgets (exit 0 within, 1 over, 2 error)."""
     from fleetctl.errors import InputError
