@@ -5,35 +5,57 @@ This file is sent as source over the transport's stdin and executed by the host'
 Running the same code for the local and the SSH transport is what keeps them equivalent.
 
 Wire format. stdin carries frames ``<length>\\n<bytes>``: first a JSON request, then (for a
-ship) a JSON command and the content blobs the host does not already have. stdout carries one
-JSON event per line; paths are ``surrogateescape``-decoded and JSON-escaped, so any byte in a
-name, newline included, survives. Events:
+ship) a JSON command, then ``blob_count`` content blobs the host does not already have, then
+``secret_count`` secret frames (the credential files to write), both framed
+``<digest>\\n<size>\\n<bytes>`` and checked against their sha256 on arrival. Blobs go to
+``.fleetctl/incoming-<id>/``; secret frames are kept in this process's memory only and written
+nowhere but their final file. stdout carries one JSON event per line; paths are
+``surrogateescape``-decoded and JSON-escaped, so any byte in a name, newline included,
+survives. Events:
 
 - ``{"t": "hello", "user", "group", "uid", "python"}``
 - ``{"t": "state", "root_exists", "current", "current_kind", "releases", "shipped"}``
-- ``{"t": "entry", ...manifest entry...}``, ``{"t": "shipped", ...}``,
-  ``{"t": "unreadable", "path", "error"}``
+- ``{"t": "entry", ...manifest entry...}`` for ``current``, then for ``<root>/credentials``
+  (paths ``credentials/...``); ``{"t": "shipped", ...}``; ``{"t": "unreadable", "path",
+  "error"}``; ``{"t": "warning", "message"}``
 - ``{"t": "units", "install", "remove", "problem", "kind"}`` before ``scan-end`` when the
   request carries ``unit_dir`` (a dry run's read-only look at the runners' systemd units)
-- ``{"t": "scan-end", "entries", "digest"}`` then, for a ship, after the command:
-  ``{"t": "step", "name"}`` ... ``{"t": "done", "release", "pruned"}``; a command with
-  ``units`` also gets ``{"t": "services", "installed", "removed", "restarted", "started"}``
-  at the end of its ``services`` step, also when that step fails
+- ``{"t": "accounts", "accounts": {<user>: {"exists", "group_exists", "home", "home_exists",
+  "home_mode", "home_owner"}}}`` before ``scan-end`` when the request's ``accounts`` (a list of
+  ``{"user", "group", "home"}``) is not empty: the agents' own accounts, read only
+- ``{"t": "scan-end", "entries", "unreadable", "digest"}`` then, for a ship, after the
+  command: ``{"t": "step", "name"}`` for ``prepare``, ``receive``, ``users`` (when the command
+  lists ``users``), ``assemble``, ``verify``, ``record``, ``credentials`` (when the desired or
+  the live tree has credential entries), ``switch``, ``services`` (with ``units``), ``prune``;
+  then ``{"t": "done", "release", "pruned"}``. The ``users`` step creates each missing user
+  (``useradd --system``, a nologin shell, its group too when that is missing; root only) and
+  each missing HOME (0700, owned by the user), emitting ``{"t": "account", "user", "created":
+  true}`` or ``{"t": "account", "user", "home_created"}`` for each; without root a missing
+  user stops it with kind ``permission`` naming ``/etc/passwd`` (a missing HOME: naming the
+  HOME, unless this process runs as that user); nothing is retried with sudo. The
+  ``credentials`` step, between ``record`` and ``switch``, first checks the credentials tree
+  against the scan (kind ``changed`` if it was edited), writes each changed file as a new 0600
+  file (``O_EXCL``, given its owner before its first byte), renames them all over the old ones
+  once all are written, then removes what is no longer wanted. A command with ``units`` also
+  gets ``{"t": "services", "installed", "removed", "restarted", "started"}`` at the end of its
+  ``services`` step, also when that step fails
 - ``{"t": "error", "step", "kind", "message", "path"}`` (kind: ``locked``, ``changed``,
   ``permission``, ``layout``, ``failed``); the process then exits non-zero.
 
 Op ``ledgers`` (read-only, no lock, no scan; request ``agents``, optional ``since``): after
 ``hello``, per agent ``{"t": "ledger", "agent", "line"}`` for each non-empty line of
 ``<root>/state/<agent>/ledger.jsonl`` (only lines whose ``time`` is later than ``since`` when
-given), then ``{"t": "ledger-end", "agent", "lines"}``, or instead ``{"t": "ledger-missing",
-"agent", "path"}`` / ``{"t": "ledger-unreadable", "agent", "path", "error"}``; last
-``{"t": "ledgers-end"}``.
+given), a last line without its newline (being written) as ``{"t": "ledger-partial",
+"agent", "bytes"}`` instead of a line, then ``{"t": "ledger-end", "agent", "lines"}``, or
+instead ``{"t": "ledger-missing", "agent", "path"}`` / ``{"t": "ledger-unreadable", "agent",
+"path", "error"}``; last ``{"t": "ledgers-end"}``.
 
 Layout on the host (DESIGN.md §5)::
 
     <root>/current -> releases/<id>        the release in use (symlink, switched by rename)
     <root>/releases/<id>/                  complete releases
     <root>/.fleetctl/releases/<id>.json    each release's manifest (digests only, no contents)
+    <root>/credentials/<agent>/<file>      granted credentials (0755/0700/0600), in no release
 
 The shipped manifest is the record of the release ``current`` points to, so the switch of one
 symlink changes the tree in use and the base of the three-way comparison together.
@@ -906,8 +928,14 @@ def ensure_account(account):
         emit({"t": "account", "user": user, "created": True})
     try:
         gid = grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise Stop("users", "failed", "no such group on the host: %s" % group, "/etc/group")
+    except KeyError:  # the user exists, its named group does not: create the group only
+        if os.geteuid() != 0:
+            raise Stop("users", "permission", root_needed % ("group " + group), "/etc/group")
+        run_admin(["groupadd", "--system", group], "creating group " + group, "/etc/group")
+        gid = grp.getgrnam(group).gr_gid
+        emit({"t": "account", "user": user, "group_created": group})
+    if os.path.lexists(home) and not os.path.isdir(home):
+        raise Stop("users", "failed", "the HOME of %s exists and is not a directory" % user, home)
     if not os.path.lexists(home):
         if os.geteuid() != 0 and os.geteuid() != pw.pw_uid:
             raise Stop("users", "permission", root_needed % ("the HOME of " + user), home)

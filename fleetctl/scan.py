@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Iterator
 
 from fleetctl.blueprint import Blueprint
-from fleetctl.drift import Change, compare
+from fleetctl.credentials import is_credential_path
+from fleetctl.drift import PENDING, Change, compare
 from fleetctl.hostcall import HostCall, LiveState, read_scan
 from fleetctl.inventory import Host
 from fleetctl.manifest import Manifest
@@ -69,7 +71,10 @@ def account_problems(host: Host, state: LiveState) -> list[str]:
             problems.append(f"user {user} does not exist (ship creates it)")
         elif not info.get("group_exists"):
             problems.append(f"group of user {user} does not exist (ship creates it)")
-        if not info.get("home_exists"):
+        if info.get("home_mode") is not None and not info.get("home_exists"):
+            problems.append(f"HOME {info.get('home')} of {user} is not a directory (ship stops "
+                            "until it is moved aside)")
+        elif not info.get("home_exists"):
             problems.append(f"HOME {info.get('home')} of {user} does not exist (ship creates it)")
     return problems
 
@@ -90,13 +95,27 @@ def desired_for(tree: DesiredTree, state: LiveState) -> Manifest:
     return tree.manifest.with_default_owner(state.owner)
 
 
+CREDENTIAL_LEFTOVER = ".fleetctl-new-"
+
+
+def _own_leftover(change: Change) -> Change:
+    """A new credential file an interrupted ship left behind is fleetctl's own, never a
+    hand-patch: the next ship removes it without needing --force."""
+    name = change.path.rpartition("/")[2]
+    if change.change == "extra" and is_credential_path(change.path) and \
+            name.startswith(CREDENTIAL_LEFTOVER):
+        return dataclasses.replace(change, origin=PENDING)
+    return change
+
+
 def changes_for(blueprint: Blueprint, tree: DesiredTree, state: LiveState) -> list[Change]:
     """Every change between the host's live tree and the desired tree, with origins.
 
     Nothing is claimed about a path the scan could not read, or anything below it: it would
     show as ``missing`` only because it was not seen.
     """
-    changes = compare(desired_for(tree, state), state.live, shipped_base(state), blueprint.ignore)
+    changes = [_own_leftover(c) for c in compare(desired_for(tree, state), state.live,
+                                                   shipped_base(state), blueprint.ignore)]
     if not state.unreadable:
         return changes
     unseen = [u.path for u in state.unreadable]

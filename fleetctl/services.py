@@ -42,17 +42,13 @@ def _check_unit_values(host: Host) -> None:
                          hint="with service: systemd the root may hold only letters, digits "
                          "and / . _ + : @ -")
     for agent in host.agents:
-        user = agent.vars.get("user", agent.name)
-        group = agent.vars.get("group", user)
-        home = agent.vars.get("home", f"/home/{user}")
-        for key, value, pattern in (("user", user, _UNIT_NAME), ("group", group, _UNIT_NAME),
-                                    ("home", home, _UNIT_PATH)):
-            if not isinstance(value, str) or not pattern.match(value):
-                raise InputError(
-                    f"hosts.{host.name}.agents.{agent.name}.vars.{key}: {value!r} cannot go "
-                    "into a systemd unit",
-                    hint="a user or group name is letters, digits, _ . - (not starting with a "
-                    "digit); a home is an absolute path of letters, digits and / . _ + : @ -")
+        # user and group are checked by the inventory (what useradd accepts); the HOME is any
+        # absolute path there, so here it must also be one systemd reads as written.
+        if agent.home is not None and not _UNIT_PATH.match(agent.home):
+            raise InputError(
+                f"hosts.{host.name}.agents.{agent.name}.home: {agent.home!r} cannot go into a "
+                "systemd unit", hint="a home is an absolute path of letters, digits and "
+                "/ . _ + : @ -")
 
 
 def render_units(blueprint: Blueprint, host: Host) -> dict[str, bytes] | None:

@@ -136,10 +136,13 @@ def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
         if refused and not options.force:
             paths = sorted({printable(c.path) for c in refused})
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            secret_only = all(is_credential_path(c.path) for c in refused)
             return stop("refused", f"{len(paths)} path(s) would lose changes made on the host "
                         f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",
-                        hint="review with `fleetctl drift`, then backport the hand-patch into the "
-                        "blueprint or ship with --force to overwrite it")
+                        hint="review with `fleetctl drift`; a credential file changed on the "
+                        "host is never backported: ship with --force to put the granted one back"
+                        if secret_only else "review with `fleetctl drift`, then backport the "
+                        "hand-patch into the blueprint or ship with --force to overwrite it")
         result.accounts = account_problems(host, state)
         no_op = not changes and state.shipped == desired and not result.accounts
         if units is not None and options.dry_run:
@@ -250,9 +253,14 @@ def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
         elif event.get("t") == "warning":
             result.warnings.append(event["message"])
         elif event.get("t") == "account":
-            result.accounts.append(f"created user {event['user']}" if event.get("created")
-                                   else f"created HOME {event['home_created']} of "
-                                   f"{event['user']}")
+            if event.get("created"):
+                result.accounts.append(f"created user {event['user']}")
+            elif event.get("group_created"):
+                result.accounts.append(f"created group {event['group_created']} of "
+                                       f"{event['user']}")
+            else:
+                result.accounts.append(f"created HOME {event['home_created']} of "
+                                       f"{event['user']}")
         elif event.get("t") == "services":
             result.services = ServiceActions(*(tuple(event[k]) for k in (
                 "installed", "removed", "restarted", "started")))

@@ -427,3 +427,50 @@ def test_the_example_inventories_fit_the_real_blueprint():
         assert grants and all(c in bp.capabilities for _, c in grants)
     fleet = load_inventory(repo / "inventory" / "fleet.yaml", blueprint=bp)
     assert all(a.user for h in fleet.hosts for a in h.agents)  # production: each its own user
+
+
+def test_a_leftover_of_an_interrupted_ship_is_removed_without_force(fleet):
+    value = fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    leftover = fleet.root / "credentials" / "a" / ".fleetctl-new-tok.env"
+    fd = os.open(leftover, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, token_file(value))  # what a ship killed before its rename leaves
+    os.close(fd)
+    drift = fleet.run("drift", "--format", "json")
+    (change,) = drift.host("h")["changes"]
+    assert (change["path"], change["change"], change["origin"]) == (
+        "credentials/a/.fleetctl-new-tok.env", "extra", "pending")
+    assert fleet.run("ship", "--yes").code == 0  # no --force needed: it is fleetctl's own
+    assert not leftover.exists() and os.listdir(leftover.parent) == ["tok.env"]
+
+
+def test_a_changed_credential_is_refused_with_a_hint_that_fits_a_secret(fleet):
+    fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    (fleet.root / "credentials" / "a" / "tok.env").write_bytes(b"TOKEN=edited-on-the-box\n")
+    run = fleet.run("ship", "--yes", "--format", "json")
+    host = run.host("h")
+    assert run.code == 3 and host["status"] == "refused"
+    assert "never backported" in host["hint"] and "--force" in host["hint"]
+    assert "edited-on-the-box" not in run.stdout
+
+
+def test_an_existing_user_whose_named_group_is_missing_gets_the_group(fleet):
+    user = fleet.users.create("g")
+    group = fleet.users.name("grp")
+    fleet.secret("TOK_A")
+    agents = {"a": {"role": "worker", "user": user, "group": group, "grants": tok("TOK_A")}}
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+    plan = fleet.run("drift", "--format", "json")
+    assert f"group of user {user} does not exist (ship creates it)" in plan.host("h")["accounts"]
+    run = fleet.run("ship", "--yes", "--format", "json")
+    assert run.code == 0, run.stdout
+    assert f"created group {group} of {user}" in run.host("h")["accounts"]
+    import grp
+
+    st = os.lstat(fleet.root / "credentials" / "a" / "tok.env")
+    assert st.st_gid == grp.getgrnam(group).gr_gid and st.st_uid == pwd.getpwnam(user).pw_uid
+    assert fleet.run("drift").code == 0
+    subprocess.run(["groupdel", group], capture_output=True)
