@@ -57,6 +57,7 @@ class Fleet:
 
     root: Path
     log: Path
+    extra_env: dict[str, str] | None = None
 
     @property
     def state(self) -> Path:
@@ -85,7 +86,8 @@ class Fleet:
                 "--poll-s", "0.1", *extra]
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "FAKE_AGENT_LOG": str(self.log), "PYTHONDONTWRITEBYTECODE": "1"}
+        return {**os.environ, "FAKE_AGENT_LOG": str(self.log), "PYTHONDONTWRITEBYTECODE": "1",
+                **(self.extra_env or {})}
 
     def run(self, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run the runner until the inbox is drained (--once)."""
@@ -143,13 +145,23 @@ def make_fleet(tmp_path):
 
     def make(fake: str, *, check: str | None = None, max_retries: int = 0,
              timeout_s: float = 20, skills: tuple[str, ...] = ("reply", "notify"),
-             workspace_files: dict[str, str] | None = None) -> Fleet:
-        bp = tmp_path / "blueprint"
+             workspace_files: dict[str, str] | None = None, role: dict | None = None,
+             config: dict | None = None, env: dict[str, str] | None = None,
+             base: Path | None = None) -> Fleet:
+        """``role``: more role keys (``writes``, ``sync``); ``config``: keys set in the rendered
+        agent.yaml (JSON values, for keys the template does not have yet); ``env``: more
+        variables for the runner (and so the agent); ``base``: where to build (default
+        ``tmp_path``)."""
+        base = base or tmp_path
+        bp = base / "blueprint"
         shutil.copytree(REPO / "blueprint" / "runner", bp / "runner",
                         ignore=shutil.ignore_patterns("__pycache__"))
-        for skill in ("reply", "notify"):
-            shutil.copytree(REPO / "blueprint" / "skills" / skill, bp / "skills" / skill,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+        if (REPO / "blueprint" / "credentials").is_dir():  # what the skills' capabilities name
+            shutil.copytree(REPO / "blueprint" / "credentials", bp / "credentials")
+        for skill in dict.fromkeys(("reply", "notify", *skills)):
+            if skill != "vault":
+                shutil.copytree(REPO / "blueprint" / "skills" / skill, bp / "skills" / skill,
+                                ignore=shutil.ignore_patterns("__pycache__"))
         (bp / "skills" / "vault" / "bin").mkdir(parents=True)
         (bp / "skills" / "vault" / "SKILL.md").write_text(
             "---\nname: vault\nsummary: Read secrets you are granted.\n---\n# vault\n")
@@ -158,21 +170,28 @@ def make_fleet(tmp_path):
         (bp / "roles" / "tester.yaml").write_text(yaml.safe_dump({
             "prompt": ROLE_PROMPT, "skills": list(skills), "check": check,
             "max_retries": max_retries, "agent_command": [str(FAKES / fake)],
-            "timeout_s": timeout_s}))
+            "timeout_s": timeout_s, **(role or {})}))
         # Outside git only declared modes apply (docs/blueprint.md): declare the executables.
         (bp / "attributes.yaml").write_text(yaml.safe_dump({"files": [
             {"match": "skills/*/bin/*", "mode": "0755"},
             {"match": "runner/bin/*", "mode": "0755"}]}))
-        root = tmp_path / "root"
-        inv = tmp_path / "inventory.yaml"
+        root = base / "root"
+        inv = base / "inventory.yaml"
         inv.write_text(yaml.safe_dump({"hosts": {"h1": {
             "transport": "local", "root": str(root),
             "agents": {AGENT: {"role": "tester", "vars": {"channel": "#support"}}}}}}))
         blueprint = load_blueprint(bp, REPO / "templates")
         host = load_inventory(inv, set(blueprint.roles)).hosts[0]
-        write_tree(render_host(blueprint, host), root / "releases" / "r1")
+        write_tree(render_host(blueprint, host, with_credentials=False), root / "releases" / "r1")
         os.symlink("releases/r1", root / "current")
-        fleet = Fleet(root=root, log=tmp_path / "fake-agent.log")
+        if config:
+            path = root / "releases" / "r1" / "agents" / AGENT / "agent.yaml"
+            lines = [ln for ln in path.read_text().splitlines()
+                     if ln.split(":", 1)[0] not in config]
+            os.chmod(path, 0o644)
+            path.write_text("\n".join(lines + [f"{k}: {json.dumps(v)}" for k, v in
+                                               config.items()]) + "\n")
+        fleet = Fleet(root=root, log=base / "fake-agent.log", extra_env=env)
         for rel, text in (workspace_files or {}).items():
             path = fleet.workspace / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +213,8 @@ def test_a_clean_run_passes_and_is_recorded(make_fleet):
     assert start["cwd"] == str(fleet.workspace)
     assert start["pgid"] == start["pid"]
     assert start["env"]["FLEET_TASK_ID"] == "t1" and start["env"]["FLEET_RUN_ID"] == "t1/1"
-    assert start["env"]["PATH"].split(os.pathsep)[0].endswith("skills/reply/bin")
+    path = start["env"]["PATH"].split(os.pathsep)  # the call-counting shims, then the skills
+    assert path[0].endswith("runs/t1/attempt-1.shims") and path[1].endswith("skills/reply/bin")
     # The prompt: role prompt, skills index from SKILL.md, CLI index, then the task.
     prompt = start["prompt"]
     assert prompt.startswith(ROLE_PROMPT.rstrip())
@@ -208,7 +228,7 @@ def test_a_clean_run_passes_and_is_recorded(make_fleet):
     record = fleet.record("t1", 1)
     assert record["verdict"] == "pass"
     assert {g["name"]: g["status"] for g in record["gates"]} == {
-        "run": "pass", "check": "pass", "anti-silence": "skip"}
+        "run": "pass", "check": "pass", "anti-silence": "skip", "scope": "skip"}
     assert record["changes"]["added"] == ["hello.py"]
     [turn] = fleet.ledger()
     assert turn["task"] == "t1" and turn["attempt"] == 1
@@ -434,6 +454,8 @@ def test_the_inbox_survives_a_killed_runner_nothing_lost_or_doubled(make_fleet):
     assert fleet.record("r1", 2)["verdict"] == "pass"
     turns = [(t["task"], t["attempt"], t["interrupted"]) for t in fleet.ledger()]
     assert turns == [("r1", 1, True), ("r1", 2, False), ("r2", 1, False)]
+    # Calls per turn, the cut-short turn's too (it made none before it slept).
+    assert [t["calls"] for t in fleet.ledger()] == [{}, {"reply": 1}, {"reply": 1}]
 
 
 def test_a_task_decided_before_a_crash_is_not_run_again(make_fleet):

@@ -79,7 +79,7 @@ def _render_agent_configs(tmp_path: Path) -> tuple[dict, dict[str, Path]]:
     inventory = load_inventory(REPO / "inventory" / "demo.yaml", set(blueprint.roles))
     paths = {}
     for host in inventory.hosts:
-        tree = render_host(blueprint, host)
+        tree = render_host(blueprint, host, with_credentials=False)  # no secrets needed
         for agent in host.agents:
             entry = tree.manifest.get(f"agents/{agent.name}/agent.yaml")
             path = tmp_path / f"{agent.name}.yaml"

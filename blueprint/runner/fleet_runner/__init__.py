@@ -14,7 +14,11 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.invoke`     a command in its own process group, with a wall-clock timeout
 - :mod:`fleet_runner.snapshot`   sha256 snapshots of the workspace and their difference
 - :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed
-- :mod:`fleet_runner.gates`      the verify gates: run, check (diff-aware), anti-silence
+- :mod:`fleet_runner.gates`      the verify gates: run, check (diff-aware), anti-silence, scope
+- :mod:`fleet_runner.scope`      the ``writes`` patterns (a gitignore subset) of the scope gate
+- :mod:`fleet_runner.reposync`   the working-repository sync before a task, the in-progress
+                                  sentinel, and what a task left uncommitted
+- :mod:`fleet_runner.calls`      shims first on the agent's PATH counting its CLI and MCP calls
 - :mod:`fleet_runner.evidence`   what the CLIs record for the runner: sends and denials
 - :mod:`fleet_runner.records`    JSON files and the JSONL ledger, written safely
 - :mod:`fleet_runner.progress`   the per-task sentinel that makes restarts safe

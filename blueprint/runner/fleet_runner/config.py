@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fleet_runner.scope import ScopeError, compile_scope
 
 DEFAULT_TIMEOUT_S = 600.0
 """Wall-clock seconds per agent run when the config's ``timeout_s`` is null."""
@@ -28,6 +31,19 @@ _LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$")
 
 class ConfigError(Exception):
     """The agent's config is missing, unreadable or invalid (the message names file and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    """``sync``: the remote branch the workspace repository follows (:mod:`fleet_runner.reposync`).
+
+    Attributes:
+        branch: the branch, both local and on the remote (``main``).
+        remote: the remote's name in the workspace repository (default ``origin``).
+    """
+
+    branch: str
+    remote: str = "origin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +63,12 @@ class AgentConfig:
         budget_tokens: token budget of the prompt prefix, or ``None``.
         host: the host's name, if the config says.
         vars: the agent's merged vars (for example ``channel``).
+        credentials_dir: absolute path of the agent's credentials directory, exported to the
+            agent and its CLIs as ``FLEET_CREDENTIALS``; ``None`` (also when the key is
+            missing, as in configs rendered before it existed) exports nothing.
+        writes: gitignore-style patterns (workspace-relative) of what a run may change, or
+            ``None`` for anywhere (the scope gate is then skipped); ``[]`` allows nothing.
+        sync: the working repository to sync before a task, or ``None``.
         path: the file it was read from.
     """
 
@@ -62,6 +84,9 @@ class AgentConfig:
     budget_tokens: int | None = None
     host: str | None = None
     vars: dict[str, Any] = field(default_factory=dict)
+    credentials_dir: str | None = None
+    writes: tuple[str, ...] | None = None
+    sync: SyncConfig | None = None
     path: Path | None = None
 
     def argv(self) -> list[str]:
@@ -122,6 +147,30 @@ def _want(data: dict[str, Any], key: str, kinds: tuple[type, ...], where: str,
     return value
 
 
+_REF_NAME = re.compile(r"^[A-Za-z0-9._/-]+$")
+
+
+def _sync(data: dict[str, Any], where: str) -> SyncConfig | None:
+    """``sync: {"remote": "origin", "branch": "main"}`` (remote optional) or null.
+
+    Raises:
+        ConfigError: not an object, no branch, or a name git would take for an option or a
+            range (the same patterns as fleetctl's role schema).
+    """
+    value = _want(data, "sync", (dict,), where)
+    if value is None:
+        return None
+    unknown = set(value) - {"remote", "branch"}
+    if unknown:
+        raise ConfigError(f"{where}: sync: unknown key(s) {', '.join(sorted(unknown))}")
+    branch, remote = value.get("branch"), value.get("remote") or "origin"
+    for key, name in (("branch", branch), ("remote", remote)):
+        if not isinstance(name, str) or not _REF_NAME.match(name) or name.startswith("-") \
+                or ".." in name or (key == "remote" and "/" in name):
+            raise ConfigError(f"{where}: sync.{key}: expected a {key} name, got {name!r}")
+    return SyncConfig(branch=branch, remote=remote)
+
+
 def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
                      path: Path | None = None) -> AgentConfig:
     """Validate parsed config data.
@@ -142,6 +191,18 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
     timeout = _want(data, "timeout_s", (int, float), where)
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise ConfigError(f"{where}: timeout_s: must be a number of seconds above 0")
+    credentials_dir = _want(data, "credentials_dir", (str,), where) or None
+    if credentials_dir is not None and not os.path.isabs(credentials_dir):
+        raise ConfigError(f"{where}: credentials_dir: must be an absolute path, got "
+                          f"{credentials_dir!r}")
+    writes = _want(data, "writes", (list,), where)
+    if writes is not None:
+        if not all(isinstance(item, str) for item in writes):
+            raise ConfigError(f"{where}: writes: every item must be a string")
+        try:
+            compile_scope(writes)
+        except ScopeError as exc:
+            raise ConfigError(f"{where}: writes: {exc}") from None
     return AgentConfig(
         agent=_want(data, "agent", (str,), where, required=True),
         role=_want(data, "role", (str,), where) or "",
@@ -155,6 +216,9 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
         budget_tokens=_want(data, "budget_tokens", (int,), where),
         host=_want(data, "host", (str,), where),
         vars=_want(data, "vars", (dict,), where) or {},
+        credentials_dir=credentials_dir,
+        writes=tuple(writes) if writes is not None else None,
+        sync=_sync(data, where),
         path=path,
     )
 

@@ -34,8 +34,9 @@ def escalate(*, release: Path, spool: Path, env: Mapping[str, str], agent: str, 
         env: base environment for the CLI.
         agent: the agent's name.
         task: the task id.
-        kind: ``"gave-up"``, ``"denied"``, ``"invalid"`` or ``"duplicate"`` (a person's message
-            reusing an id that already finished).
+        kind: ``"gave-up"``, ``"denied"``, ``"invalid"``, ``"duplicate"`` (a person's message
+            reusing an id that already finished), ``"refused"`` (the repository sync found a
+            person's uncommitted changes or could not run) or ``"sync-conflict"``.
         failures: how many verifications failed.
         reason: one paragraph: what gave up and why.
         detail: the last failure's raw output.

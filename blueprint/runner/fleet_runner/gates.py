@@ -18,6 +18,10 @@ words are never a success signal.
 ``anti-silence``
     for a task from a human: the reply CLI must have recorded a send for the task. Skipped for
     a task from an agent.
+``scope``
+    the scope of the writes: every path the task changed (added, modified or removed, from the
+    same snapshots as ``check``) must be inside the role's ``writes`` patterns
+    (:mod:`fleet_runner.scope`); fails listing those outside. Skipped when ``writes`` is unset.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 from fleet_runner.checkparse import ERROR, Diagnostic, parse_checker_output, path_keys
 from fleet_runner.invoke import Invocation, run_in_group
 from fleet_runner.records import head_text, tail_text
+from fleet_runner.scope import compile_scope
+from fleet_runner.snapshot import Changes
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 LIST_MAX = 50
@@ -52,7 +58,7 @@ class GateResult:
     """The outcome of one gate.
 
     Attributes:
-        name: ``"run"``, ``"check"`` or ``"anti-silence"``.
+        name: ``"run"``, ``"check"``, ``"anti-silence"`` or ``"scope"``.
         status: ``"pass"``, ``"fail"`` or ``"skip"``.
         summary: one line saying why.
         output: the raw output behind the result (fed back to the agent on failure).
@@ -192,3 +198,40 @@ def anti_silence_gate(human: bool, task: str, channel: str | None,
         f"no reply was sent for task {task}: the person who asked has been told nothing",
         "The reply CLI recorded no send for this task. Your final text is not delivered to "
         f"anyone. Send the answer with: {reply_command(task, channel)}", details)
+
+
+def scope_gate(writes: Sequence[str] | None, changes: Changes) -> GateResult:
+    """The ``scope`` gate: every changed path must be inside the role's ``writes`` patterns.
+
+    Args:
+        writes: the role's gitignore-style patterns (workspace-relative), or ``None`` (the
+            gate is skipped: the role does not limit its writes).
+        changes: what the task changed so far (baseline → after this attempt).
+
+    The output fed back to the agent lists each path outside, with how it changed, and the
+    patterns; ``details`` has ``patterns``, ``changed`` (count), ``outside`` (up to
+    :data:`LIST_MAX`, ``"path (added)"``) and ``outside_count``.
+    """
+    if writes is None:
+        return GateResult("scope", SKIP, "the role sets no writes scope")
+    scope = compile_scope(writes)  # validated when the config was read
+    changed = [(p, "added") for p in changes.added] + [
+        (p, "modified") for p in changes.modified] + [(p, "removed") for p in changes.removed]
+    outside = sorted((p, kind) for p, kind in changed if not scope.allows(p))
+    listed = [f"{p} ({kind})" for p, kind in outside]
+    details = {"patterns": list(writes), "changed": len(changed), "outside": listed[:LIST_MAX],
+               "outside_count": len(outside)}
+    if not outside:
+        return GateResult("scope", PASS, f"all {len(changed)} changed path(s) are inside the "
+                          "writes scope", "", details)
+    allowed = ", ".join(writes) if writes else "(nothing: this role may not change any file)"
+    output = head_text(
+        "These paths changed outside the writes scope of this role:\n"
+        + "".join(f"  {line}\n" for line in listed)
+        + f"The role may change only: {allowed} (gitignore patterns, relative to the "
+        "workspace).\nPut each of these back as it was before the task (delete what you "
+        "added, restore what you changed or removed) and write only inside the scope.\n",
+        OUTPUT_MAX_BYTES)
+    return GateResult("scope", FAIL, f"{len(outside)} path(s) changed outside the writes scope: "
+                      + ", ".join(listed[:3]) + (" ..." if len(listed) > 3 else ""),
+                      output, details)

@@ -17,8 +17,16 @@ to its model several times inside it; if it reports that, it is in ``usage``). E
       "usage_source": "agent-command" | null,
       "duration_s": 12.3 | null,                 null for a turn cut short by a runner crash
       "outcome": "exited with status 0",
-      "interrupted": false                       true: written on restart for a cut-short turn
-    }
+      "interrupted": false,                      true: written on restart for a cut-short turn
+      "calls": {"reply": 2, "mcp-bridge": 1},    CLIs of the CLI index run in the turn, by name
+      "tool_calls": {"tracker/create_issue": 1}  MCP tools called through mcp-bridge,
+    }                                            "server/tool"
+
+``calls`` and ``tool_calls`` are counted by shims first on the agent's PATH
+(:mod:`fleet_runner.calls`): invocations, whatever their outcome (``--help`` included), of the
+CLIs the agent finds by PATH lookup; ``{}`` when there were none. For a turn cut short by a
+runner crash they hold the calls made before it. Lines written by older runners have neither key
+(a reader must not take a missing key for "no calls").
 
 ``usage`` comes from the agent command's stdout: if its last non-empty line is a JSON object
 with a ``"usage"`` object (``{"usage": {"input_tokens": ..., ...}}``, or a larger object
@@ -62,9 +70,15 @@ def parse_usage(stdout_path: Path) -> dict[str, Any] | None:
 def ledger_record(*, agent: str, host: str | None, model: str | None, task: str, attempt: int,
                   run: str, prefix_tokens: dict[str, int], task_prompt_tokens: int,
                   usage: dict[str, Any] | None, duration_s: float | None, outcome: str,
-                  interrupted: bool = False) -> dict[str, Any]:
-    """One ledger line (fields in the module docstring)."""
-    return {
+                  interrupted: bool = False, calls: dict[str, int] | None = None,
+                  tool_calls: dict[str, int] | None = None) -> dict[str, Any]:
+    """One ledger line (fields in the module docstring).
+
+    The runner always passes ``calls`` and ``tool_calls`` (:func:`fleet_runner.calls.count_calls`
+    gives both; ``{}`` for none); ``None`` leaves the key out, as in a line an older runner
+    wrote (tests and tools build such lines with this function).
+    """
+    line = {
         "schema_version": SCHEMA_VERSION, "time": now_iso(), "agent": agent, "host": host,
         "model": model, "task": task, "attempt": attempt, "run": run,
         "prefix_tokens": dict(prefix_tokens), "prefix_tokens_total": sum(prefix_tokens.values()),
@@ -74,3 +88,8 @@ def ledger_record(*, agent: str, host: str | None, model: str | None, task: str,
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
         "outcome": outcome, "interrupted": interrupted,
     }
+    if calls is not None:
+        line["calls"] = dict(calls)
+    if tool_calls is not None:
+        line["tool_calls"] = dict(tool_calls)
+    return line

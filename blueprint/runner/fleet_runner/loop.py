@@ -8,11 +8,14 @@ For each message, oldest first, one at a time:
    (bad JSON or shape, or a directory, symlink or other non-regular file named ``*.json``) is
    escalated and moved to ``failed/``; a message whose id already finished is moved to
    ``failed/`` as a duplicate, escalated (kind ``duplicate``) when a person sent it;
-2. pin the release (``current`` resolved once), read the agent's config, snapshot the
+2. pin the release (``current`` resolved once), read the agent's config; with ``sync`` set,
+   sync the working repository (:mod:`fleet_runner.reposync`: a person's uncommitted changes
+   or a conflict end the task here as ``refused``, escalated, never run); snapshot the
    workspace once per task (the baseline, kept across restarts);
 3. for attempt 1 .. ``max_retries + 1``: build the prefix and the task prompt, run the agent
-   command, snapshot, write the ledger line, then either stop at once on a permission denial or
-   run every gate and write the run record; a pass finishes the task;
+   command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
+   snapshot, write the ledger line, then either stop at once on a permission denial or run
+   every gate and write the run record; a pass finishes the task;
 4. when the last attempt failed: escalate through notify (task, failed verifications, last
    failure), clear the task (``processing/ → failed/``), and go on with the next message.
 
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import evidence, gates
+from fleet_runner import calls, evidence, gates, reposync
 from fleet_runner.config import AgentConfig, ConfigError, load_config
 from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
@@ -55,7 +58,7 @@ from fleet_runner.snapshot import diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 
 PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
-GAVE_UP = "gave-up"
+GAVE_UP, REFUSED = "gave-up", "refused"
 CHANGES_LISTED_MAX = 200
 """At most this many paths per kind of change in a run record."""
 UNREADABLE_LOG_INTERVAL_S = 600.0
@@ -243,6 +246,9 @@ class Runner:
         task = self._open_task(message, path, progress, task_dir)
         if progress.final:
             return self._complete(task)
+        if progress.sync and progress.sync.get("status") in (reposync.REFUSED,
+                                                             reposync.CONFLICT):
+            return self._refuse(task)
         if progress.running:
             self._mark_interrupted(task)
         max_attempts = task.config.max_retries + 1
@@ -276,12 +282,67 @@ class Runner:
             raise RunnerError(str(exc)) from None
         baseline_path = task_dir / "baseline.json"
         baseline = read_json(baseline_path)
+        if config.sync is not None and progress.sync is None and not progress.attempts \
+                and progress.final is None:
+            self._sync(message, path, progress, config)
         if not isinstance(baseline, dict):
             baseline = take_snapshot(self.paths.workspace)
             write_json_atomic(baseline_path, baseline)
         if not progress.attempts:
             progress.save()
         return _Task(message, path, progress, config, release, task_dir, baseline)
+
+    def _sync(self, message: Message, path: Path, progress: TaskProgress,
+              config: AgentConfig) -> None:
+        """Sync the working repository before a new task's baseline; record the result."""
+        sentinel = reposync.read_sentinel(self.paths.in_progress)
+        if sentinel and sentinel.get("task") == message.id and sentinel.get("start_commit"):
+            # Synced before a crash that came before the result was recorded: never again.
+            progress.sync = {"status": reposync.SYNCED, "after": sentinel["start_commit"],
+                             "summary": "synced before a runner restart (in-progress "
+                             "sentinel)"}
+            progress.save()
+            return
+        if sentinel:
+            # A task that ended without removing it (its message is gone from processing/):
+            # what it left is not known to be the runner's, so a dirty tree is refused.
+            self.log(f"stale in-progress sentinel of task {sentinel.get('task')} removed")
+            reposync.remove_file(self.paths.in_progress)
+        try:
+            leftover = read_json(self.paths.sync_leftover)
+        except ValueError:
+            leftover = None
+        result = reposync.sync_workspace(
+            self.paths.workspace, config.sync, agent=self.paths.agent, task=message.id,
+            leftover=leftover if isinstance(leftover, dict) else None)
+        progress.sync = result.to_json()
+        progress.save()
+        self.log(f"task {message.id}: sync {result.status}: {result.summary}")
+        if result.status == reposync.SYNCED:
+            reposync.remove_file(self.paths.sync_leftover)  # applied back: now this task's
+            reposync.write_sentinel(self.paths.in_progress, task=message.id,
+                                    message_file=path.name, attempt=0,
+                                    start_commit=result.after, sync=config.sync)
+
+    def _synced(self, task: _Task) -> bool:
+        """Whether this task runs in a synced repository (the sentinel and commits apply)."""
+        return bool(task.progress.sync and task.progress.sync.get("status") == reposync.SYNCED)
+
+    def _refuse(self, task: _Task) -> str:
+        """End a task the sync refused (a person's changes, a conflict): never run, escalated."""
+        sync = task.progress.sync or {}
+        detail = "\n".join(filter(None, [
+            "uncommitted changes:\n" + "\n".join(sync["dirty"]) if sync.get("dirty") else "",
+            sync.get("detail", "")]))
+        task.progress.final = {
+            "outcome": REFUSED, "decided": now_iso(), "attempts": 0, "failed_verifications": 0,
+            "escalated": False,
+            "kind": "sync-conflict" if sync.get("status") == reposync.CONFLICT else REFUSED,
+            "reason": f"Task {task.message.id} ({task.config.agent}) was not run: "
+                      f"{sync.get('summary', 'the working repository could not be synced')}",
+            "detail": detail}
+        task.progress.save()
+        return self._complete(task)
 
     def _mark_interrupted(self, task: _Task, write_ledger: bool = True,
                           inv: Any = None) -> None:
@@ -314,21 +375,28 @@ class Runner:
                       "stderr": f"attempt-{n}.stderr"},
             "stale_group_killed": killed,
             "note": "the runner stopped during this attempt; it counts against max_retries"})
+        calls.remove_shims(task.dir / f"attempt-{n}.shims")
         if write_ledger:  # the turn's line was never written: the runner stopped before it
+            # The calls log survives the runner: the calls made before the crash still count.
+            called, tool_calls = calls.count_calls(task.dir / f"attempt-{n}.calls")
             append_jsonl(self.paths.ledger, ledger_record(
                 agent=self.paths.agent, host=task.config.host, model=task.config.model,
                 task=task.message.id, attempt=n, run=entry["run"],
                 prefix_tokens=entry.get("prefix_tokens", {}),
                 task_prompt_tokens=entry.get("task_prompt_tokens", 0), usage=None,
-                duration_s=None, outcome="interrupted by a runner stop", interrupted=True))
+                duration_s=None, outcome="interrupted by a runner stop", interrupted=True,
+                calls=called, tool_calls=tool_calls))
         task.progress.save()
         self.log(f"task {task.message.id} attempt {n}: interrupted by a runner stop "
                  f"(left-over process group killed: {killed})")
 
-    def _agent_env(self, task: _Task, attempt: int, run: str) -> dict[str, str]:
+    def _agent_env(self, task: _Task, attempt: int, run: str,
+                   shim_dir: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         bins = [os.fspath(task.release / "skills" / s / "bin") for s in task.config.skills]
-        env["PATH"] = os.pathsep.join(bins + [env.get("PATH", os.defpath)])
+        # The call-counting shims first (calls.py), so the agent's PATH lookups reach them.
+        shims = [os.fspath(shim_dir)] if shim_dir is not None else []
+        env["PATH"] = os.pathsep.join(shims + bins + [env.get("PATH", os.defpath)])
         env.update(
             FLEET_AGENT=self.paths.agent, FLEET_TASK_ID=task.message.id, FLEET_RUN_ID=run,
             FLEET_ATTEMPT=str(attempt), FLEET_WORKSPACE=os.fspath(self.paths.workspace),
@@ -340,6 +408,8 @@ class Runner:
             env["FLEET_CHANNEL"] = task.message.channel
         if task.config.model:
             env["FLEET_MODEL"] = task.config.model
+        if task.config.credentials_dir:
+            env["FLEET_CREDENTIALS"] = task.config.credentials_dir
         return env
 
     def _attempt(self, task: _Task, n: int, max_attempts: int) -> str:
@@ -355,10 +425,19 @@ class Runner:
         failed_gates = [gates.GateResult(g["name"], gates.FAIL, g["summary"], g.get("output", ""))
                         for g in (previous or {}).get("failed_gates", [])]
         sends_before = evidence.sends_for_task(self.paths.sends_log, message.id)
+        prior_commits: list[str] = []
+        start_commit = (progress.sync or {}).get("after")
+        if self._synced(task) and start_commit:
+            try:
+                prior_commits = reposync.commits_since(self.paths.workspace, start_commit)
+            except reposync.GitError as exc:
+                self.log(f"task {message.id}: cannot list its earlier commits: {exc}")
         task_prompt = build_task_prompt(
             message, n, max_attempts, replied=len(sends_before),
             interrupted=bool(previous and previous.get("state") == INTERRUPTED),
-            failed_gates=failed_gates, failed_attempt=previous["attempt"] if previous else None)
+            failed_gates=failed_gates, failed_attempt=previous["attempt"] if previous else None,
+            prior_commits=prior_commits, since=(start_commit or "")[:12],
+            branch=config.sync.branch if config.sync else None)
         full_prompt = prefix.text + "\n\n" + task_prompt
         (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
         prefix_tokens = prefix.tokens(count_tokens)
@@ -368,6 +447,10 @@ class Runner:
             "task_prompt_tokens": count_tokens(task_prompt), "token_counter": TOKEN_COUNTER}
         progress.attempts.append(entry)
         progress.save()
+        if self._synced(task) and start_commit and config.sync:
+            reposync.write_sentinel(self.paths.in_progress, task=message.id,
+                                    message_file=task.path.name, attempt=n,
+                                    start_commit=start_commit, sync=config.sync)
 
         def on_start(pid: int) -> None:
             entry.update(pid=pid, proc_start=process_start_ticks(pid))
@@ -378,21 +461,27 @@ class Runner:
         def should_stop() -> str | None:
             return self.stop_reason or watch()
 
+        shim_dir = task.dir / f"attempt-{n}.shims"
+        calls_log = task.dir / f"attempt-{n}.calls"
+        calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
         started = time.monotonic()
         inv = run_in_group(
             argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
-            env=self._agent_env(task, n, run), timeout_s=config.timeout_s,
+            env=self._agent_env(task, n, run, shim_dir), timeout_s=config.timeout_s,
             kill_grace_s=self.options.kill_grace_s,
             stdout_path=task.dir / f"attempt-{n}.stdout",
             stderr_path=task.dir / f"attempt-{n}.stderr", on_start=on_start,
             should_stop=should_stop)
         reap_orphans()
+        calls.remove_shims(shim_dir)  # the group is gone: no call can come in any more
+        called, tool_calls = calls.count_calls(calls_log)
         append_jsonl(self.paths.ledger, ledger_record(
             agent=self.paths.agent, host=config.host, model=config.model, task=message.id,
             attempt=n, run=run, prefix_tokens=prefix_tokens,
             task_prompt_tokens=entry["task_prompt_tokens"],
             usage=parse_usage(inv.stdout_path), duration_s=inv.duration_s,
-            outcome=inv.describe(), interrupted=inv.stopped == "shutdown"))
+            outcome=inv.describe(), interrupted=inv.stopped == "shutdown",
+            calls=called, tool_calls=tool_calls))
         if inv.stopped == "shutdown":
             self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
@@ -420,6 +509,7 @@ class Runner:
                                  should_stop=lambda: self.stop_reason),
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
+                gates.scope_gate(config.writes, changes),
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
@@ -496,9 +586,13 @@ class Runner:
         assert final is not None
         outcome = final["outcome"]
         if outcome != PASSED and not final.get("escalated"):
+            # The notify CLI may need the agent's chat credentials, as when the agent runs it.
+            env = dict(os.environ)
+            if task.config.credentials_dir:
+                env["FLEET_CREDENTIALS"] = task.config.credentials_dir
             final["escalation"] = escalate(
-                release=task.release, spool=self.paths.notify, env=os.environ,
-                agent=self.paths.agent, task=task.message.id, kind=outcome,
+                release=task.release, spool=self.paths.notify, env=env,
+                agent=self.paths.agent, task=task.message.id, kind=final.get("kind", outcome),
                 failures=final.get("failed_verifications", 0), reason=final.get("reason", ""),
                 detail=final.get("detail", ""))
             final["escalated"] = True
@@ -510,7 +604,18 @@ class Runner:
             "outcome": outcome, "attempts": final.get("attempts"),
             "failed_verifications": final.get("failed_verifications"),
             "reason": final.get("reason"), "escalation": final.get("escalation"),
-            "decided": final.get("decided")})
+            "decided": final.get("decided"), "sync": progress.sync})
+        if self._synced(task):
+            # Before the message moves: a crash in between redoes this, never skips it.
+            try:
+                reposync.record_leftover(self.paths.sync_leftover, self.paths.workspace,
+                                         task.message.id)
+            except reposync.GitError as exc:
+                self.log(f"task {task.message.id}: cannot record what it left uncommitted "
+                         f"({exc}); the next task will refuse a dirty tree")
+        sentinel = reposync.read_sentinel(self.paths.in_progress)
+        if sentinel and sentinel.get("task") == task.message.id:
+            reposync.remove_file(self.paths.in_progress)
         dest = self.spool.finish(task.path, ok=outcome == PASSED)
         final.update(moved=True, moved_to=os.path.relpath(dest, self.paths.state))
         progress.save()

@@ -17,6 +17,8 @@ Defaults, each overridable on the command line (tests point them at temporary di
         notify/                            escalations the notify CLI sends (the pager reads it)
         sends.jsonl  denials.jsonl         what the CLIs record for the runner (evidence.py)
         ledger.jsonl                       one line per model turn (records.py)
+        in-progress.json                   the task under way in the working repository
+        sync-leftover.json                 what the last task left uncommitted (reposync.py)
         runs/<task>/                       the task's sentinel, run records, prompts, output
         lock                               held while a runner serves this agent
     <root>/workspace/<agent>/              the agent's working directory, mode 0700 (--workspace)
@@ -99,6 +101,16 @@ class AgentPaths:
     def denials_log(self) -> Path:
         """Where CLIs record a refused permission."""
         return self.state / "denials.jsonl"
+
+    @property
+    def in_progress(self) -> Path:
+        """The in-progress sentinel of a task in a synced repository (reposync.py)."""
+        return self.state / "in-progress.json"
+
+    @property
+    def sync_leftover(self) -> Path:
+        """What the last task left uncommitted in the synced repository (reposync.py)."""
+        return self.state / "sync-leftover.json"
 
     @property
     def lock(self) -> Path:

@@ -11,6 +11,7 @@
         {"attempt": 2, "run": "m-17/2", "state": "running", "pid": 4242,
          "proc_start": 991823, "prefix_tokens": {...}, "task_prompt_tokens": 310}
       ],
+      "sync": null,                        the repository sync's result (reposync.py)
       "final": null
     }
 
@@ -51,6 +52,9 @@ class TaskProgress:
         message_file: the message's file name in ``processing/``.
         attempts: one dict per attempt (see the module docstring).
         final: the outcome once decided, else ``None``.
+        sync: the result of the working-repository sync before the first attempt
+            (:meth:`fleet_runner.reposync.SyncResult.to_json`), or ``None`` (not synced: no
+            ``sync`` in the config, or not yet).
     """
 
     path: Path
@@ -58,6 +62,7 @@ class TaskProgress:
     message_file: str
     attempts: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
+    sync: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path, task: str, message_file: str) -> TaskProgress:
@@ -70,13 +75,14 @@ class TaskProgress:
         if not isinstance(data, dict):
             return cls(Path(path), task, message_file)
         return cls(Path(path), task, data.get("message_file", message_file),
-                   list(data.get("attempts", [])), data.get("final"))
+                   list(data.get("attempts", [])), data.get("final"), data.get("sync"))
 
     def save(self) -> None:
         """Write the sentinel atomically."""
         write_json_atomic(self.path, {"schema_version": SCHEMA_VERSION, "task": self.task,
                                       "message_file": self.message_file,
-                                      "attempts": self.attempts, "final": self.final})
+                                      "attempts": self.attempts, "sync": self.sync,
+                                      "final": self.final})
 
     @property
     def running(self) -> dict[str, Any] | None:

@@ -3,8 +3,9 @@
 Its parts, in order: the task header (id, attempt of how many, sender, channel, reply-to); the
 message text; for a task from a human that has no recorded reply yet, the anti-silence
 instruction (the final text is not delivered; the reply must be sent with the reply CLI); a note
-when an earlier attempt was interrupted by a runner restart; and, after a failed verification,
-the failed gates' raw output ("fix exactly this").
+when an earlier attempt was interrupted by a runner restart; the commits earlier attempts left
+in a synced working repository (continue from them, do not redo them); and, after a failed
+verification, the failed gates' raw output ("fix exactly this").
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def anti_silence_instruction(task: str, channel: str | None) -> str:
 def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
                       replied: int = 0, interrupted: bool = False,
                       failed_gates: Sequence[GateResult] = (),
-                      failed_attempt: int | None = None) -> str:
+                      failed_attempt: int | None = None,
+                      prior_commits: Sequence[str] = (), branch: str | None = None,
+                      since: str | None = None) -> str:
     """Build the task prompt of one attempt.
 
     Args:
@@ -41,6 +44,10 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
         interrupted: the previous attempt was cut short by a runner restart.
         failed_gates: the previous attempt's failed gates (empty on a first attempt).
         failed_attempt: the number of the attempt they belong to.
+        prior_commits: ``"<short id> <subject>"`` of the commits earlier attempts of this task
+            left on the branch, oldest first (:func:`fleet_runner.reposync.commits_since`).
+        branch: the synced branch they are on.
+        since: the short id of the commit the task started from.
     """
     sender = f"{message.sender_kind} {message.sender_name}"
     where = f" in channel {message.channel}" if message.channel else ""
@@ -57,6 +64,15 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
         parts.append("NOTE: the previous attempt of this task was interrupted (the runner "
                      "restarted). The workspace may hold its partial work: look at it and finish "
                      "the task from there rather than starting over.")
+    if prior_commits:
+        first, last = prior_commits[0].split()[0], prior_commits[-1].split()[0]
+        parts.append(
+            f"NOTE: a previous attempt of this task left {len(prior_commits)} commit(s), "
+            f"{first} to {last}, on {branch or 'the branch'} (git log {since}..HEAD), oldest "
+            "first:\n"
+            + "".join(f"  - {c}\n" for c in prior_commits)
+            + "They are this task's partial work: continue from them. Do not reset, rebase or "
+            "redo them.")
     if failed_gates:
         lines = [f"## Verification failed on attempt {failed_attempt}",
                  "You finished but verification failed: fix exactly this."]
