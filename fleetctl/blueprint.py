@@ -282,6 +282,14 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                                       f"no capability {capability!r} in {root / 'credentials'}",
                                       hint=f"capabilities defined: "
                                       f"{', '.join(capabilities) or '(none)'}")
+            rendered: dict[str, str] = {}
+            for i, capability in enumerate(role.capabilities):
+                for name in capabilities[capability].templates:
+                    if name in rendered:
+                        raise input_error(path, node, ["capabilities", i],
+                                          f"capabilities {rendered[name]!r} and {capability!r} "
+                                          f"both render {name!r} into an agent's credentials")
+                    rendered[name] = capability
             roles[path.stem] = role
 
     attributes = Attributes()

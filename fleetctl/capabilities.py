@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import jinja2
 import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -175,6 +176,7 @@ def load_capabilities(credentials_dir: Path) -> dict[str, Capability]:
             if not _FILE_NAME.match(out):
                 raise InputError(f"{display_path(template)}: renders to {out!r}, which is not a "
                                  "plain file name (letters, digits, '.', '_', '-')")
+            _check_template(template)
             templates[out] = template
         if not templates:
             raise InputError(f"{display_path(entry)}: no templates (*.j2): a capability renders "
@@ -184,6 +186,18 @@ def load_capabilities(credentials_dir: Path) -> dict[str, Capability]:
             templates=templates, broad=broad,
             write={k: tuple(v) for k, v in spec.audit.write.items()}, source=spec_path)
     return found
+
+
+def _check_template(template: Path) -> None:
+    """A syntax error in a credential template is bad input of the blueprint, found when it is
+    loaded (granted or not), not a surprise on the host that first renders it."""
+    try:
+        jinja2.Environment().parse(template.read_text("utf-8"))
+    except jinja2.TemplateSyntaxError as exc:
+        raise InputError(f"{display_path(template)}:{exc.lineno}: template syntax error: "
+                         f"{exc.message}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{display_path(template)}: cannot read it as UTF-8 text: {exc}") from None
 
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)

@@ -23,6 +23,7 @@ from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, Entry, sha256_digest
 from fleetctl.secrets import REDACTED, Secret, SecretStore
+from fleetctl.yamlfile import display_path
 
 CREDENTIALS_TOP = "credentials"
 TOP_MODE = "0755"
@@ -87,7 +88,10 @@ def render_credentials(blueprint: Blueprint, host: Host,
             if capability is None:
                 raise InputError(f"{grant.where}: no capability {grant.capability!r} in the "
                                  "blueprint")
-            secret = store.resolve(grant.secret)
+            try:
+                secret = store.resolve(grant.secret)
+            except InputError as exc:  # say which grant, beside which source
+                raise InputError(f"{grant.where}: {exc.message}", hint=exc.hint) from None
             try:
                 text = secret.reveal().decode("utf-8")
             except UnicodeDecodeError:
@@ -102,7 +106,7 @@ def render_credentials(blueprint: Blueprint, host: Host,
                     raise InputError(f"{grant.where}: capability {grant.capability!r} renders "
                                      f"{name!r}, which capability {other!r} also renders for "
                                      f"agent {agent.name}")
-                where = f"{blueprint.root.name}/credentials/{grant.capability}/{template.name}"
+                where = display_path(template)
                 try:
                     data = render_template(template.read_bytes(), where, context)
                 except InputError as exc:

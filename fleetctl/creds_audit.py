@@ -452,6 +452,12 @@ def credential_findings(blueprint: Blueprint, host: Host, desired: Manifest,
                                f"{attrs}); remove it, or ship to remove it",
                                agent if agent in agents else None, capability, path=entry.path))
             continue
+        if agent is None and entry.type == DIR and _mode_bits(entry.mode) & 0o022:
+            # Whoever may write credentials/ may rename an agent's 0700 directory away and put
+            # their own in its place.
+            out.append(Finding(host.name, "readable-by-others", f"{shown}: mode {entry.mode} lets "
+                               "group or others write it (and so replace an agent's directory); "
+                               "it must be 0755", None, None, None, entry.path))
         if agent is not None and entry.type in (DIR, "file") and \
                 _mode_bits(entry.mode) & FILE_MASK:
             should = "0700" if entry.type == DIR else "0600"

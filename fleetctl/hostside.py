@@ -398,7 +398,7 @@ def read_accounts(wanted):
         info = {"exists": True, "group_exists": True, "home": home, "home_exists": False,
                 "home_mode": None, "home_owner": None}
         try:
-            pwd.getpwnam(user)
+            info["passwd_home"] = pwd.getpwnam(user).pw_dir
         except KeyError:
             info["exists"] = False
         try:
@@ -909,6 +909,10 @@ def ensure_account(account):
         pw = pwd.getpwnam(user)
     except KeyError:
         pw = None
+    if pw is not None and pw.pw_dir.rstrip("/") != home.rstrip("/"):
+        raise Stop("users", "failed", "user %s exists with HOME %s in /etc/passwd, not %s as the "
+                   "inventory says; fleetctl does not change an existing user: fix home: in the "
+                   "inventory (or the account)" % (user, pw.pw_dir, home), "/etc/passwd")
     if pw is None:
         if os.geteuid() != 0:
             raise Stop("users", "permission", root_needed % ("user " + user), "/etc/passwd")

@@ -24,6 +24,7 @@ from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # What useradd accepts on Debian by default (NAME_REGEX), at most 32 characters.
 _ACCOUNT = r"^[a-z_][a-z0-9_-]{0,31}$"
+_HOME = re.compile(r"^/[A-Za-z0-9/._+@-]*$")
 
 
 def _check_name(value: str, what: str) -> str:
@@ -54,8 +55,11 @@ class AgentSpec(BaseModel):
     @field_validator("home")
     @classmethod
     def _absolute_home(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
-            raise ValueError(f"must be an absolute path on the host (not /), got {value!r}")
+        # /etc/passwd is colon-separated lines and the unit file reads whitespace and % itself:
+        # a HOME carrying one would be misread, so only plain path characters pass.
+        if value is not None and (not _HOME.match(value) or value.rstrip("/") == ""):
+            raise ValueError("must be an absolute path on the host (not /) of letters, digits "
+                             f"and / . _ + @ -, got {value!r}")
         return value
 
 
@@ -287,10 +291,19 @@ def load_inventory(path: Path, roles: set[str] | None = None,
                                   "as the agent's own user: set user: for this agent")
             grants = tuple(_grant(path, node, [*key, "grants", cap], cap, g, a.role, blueprint)
                            for cap, g in a.grants.items())
-            agents.append(Agent(agent_name, a.role, {**host_vars, **a.vars}, user=a.user,
-                                group=(a.group or a.user) if a.user else a.group,
-                                home=(a.home or f"/home/{a.user}") if a.user else a.home,
-                                grants=grants))
+            agent = Agent(agent_name, a.role, {**host_vars, **a.vars}, user=a.user,
+                          group=(a.group or a.user) if a.user else a.group,
+                          home=(a.home or f"/home/{a.user}") if a.user else a.home,
+                          grants=grants)
+            # One user is one account: agents sharing it (an audit finding in itself) must at
+            # least agree on its group and HOME, or one of them would silently not get its own.
+            same = next((b for b in agents if agent.user and b.user == agent.user), None)
+            if same is not None and (same.group, same.home) != (agent.group, agent.home):
+                raise input_error(path, node, [*key, "user"], f"user {agent.user} is also agent "
+                                  f"{same.name}'s, with group {same.group} and HOME {same.home}: "
+                                  "agents sharing a user must agree on group: and home:",
+                                  hint="better: give each agent a user of its own")
+            agents.append(agent)
         identity = pick("identity_file")
         known = pick("known_hosts")
         hosts.append(Host(

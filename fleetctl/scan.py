@@ -69,6 +69,11 @@ def account_problems(host: Host, state: LiveState) -> list[str]:
     for user, info in sorted((state.accounts or {}).items()):
         if not info.get("exists"):
             problems.append(f"user {user} does not exist (ship creates it)")
+        elif info.get("passwd_home") and \
+                info["passwd_home"].rstrip("/") != str(info.get("home", "")).rstrip("/"):
+            problems.append(f"user {user} has HOME {info['passwd_home']} in /etc/passwd, not "
+                            f"{info.get('home')} as the inventory says (ship stops: fix home:)")
+            continue
         elif not info.get("group_exists"):
             problems.append(f"group of user {user} does not exist (ship creates it)")
         if info.get("home_mode") is not None and not info.get("home_exists"):

@@ -474,3 +474,58 @@ def test_an_existing_user_whose_named_group_is_missing_gets_the_group(fleet):
     assert st.st_gid == grp.getgrnam(group).gr_gid and st.st_uid == pwd.getpwnam(user).pw_uid
     assert fleet.run("drift").code == 0
     subprocess.run(["groupdel", group], capture_output=True)
+
+
+def test_agents_sharing_a_user_must_agree_on_its_home(fleet):
+    shared = fleet.users.name("s")
+    agents = {"a": {"role": "worker", "user": shared},
+              "b": {"role": "worker", "user": shared, "home": f"/home/{shared}-2"}}
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+    run = fleet.run("drift")
+    assert run.code == 2 and "hosts.h.agents.b.user" in run.stderr
+    assert "must agree on group: and home:" in run.stderr
+
+
+@pytest.mark.parametrize("home", ["/srv/a:b", "/srv/a\nb", "/srv/a b", "relative/home"])
+def test_a_home_passwd_or_a_unit_would_misread_is_refused_at_load(fleet, home):
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, {
+        "a": {"role": "worker", "user": fleet.a, "home": home}})})
+    run = fleet.run("ship", "--yes")
+    assert run.code == 2 and "hosts.h.agents.a.home" in run.stderr
+    assert not fleet.root.exists()
+
+
+def test_an_existing_user_with_another_home_stops_the_ship(fleet):
+    user = fleet.users.create("e")  # HOME /home/<user> in /etc/passwd
+    agents = {"a": {"role": "worker", "user": user, "home": f"/srv/{user}"}}
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+    plan = fleet.run("drift", "--format", "json")
+    (problem,) = plan.host("h")["accounts"]
+    assert f"has HOME /home/{user} in /etc/passwd, not /srv/{user}" in problem
+    run = fleet.run("ship", "--yes", "--format", "json")
+    host = run.host("h")
+    assert run.code == 2 and host["step"] == "users" and "/etc/passwd" in host["error"]
+    assert not os.path.exists(f"/srv/{user}") and not (fleet.root / "current").exists()
+
+
+def test_credential_templates_and_their_file_names_are_checked_when_the_blueprint_loads(
+        tmp_path, host_root, real_users, monkeypatch):
+    f = Fleet(tmp_path, host_root, real_users, monkeypatch)
+    f.configure()  # no grant at all: the blueprint itself is wrong
+    (f.bp / "credentials" / "db" / "db.env.j2").write_text("DB={{ secret }\n")
+    run = f.run("drift")
+    assert run.code == 2 and "credentials/db/db.env.j2:1: template syntax error" in run.stderr
+    (f.bp / "credentials" / "db" / "db.env.j2").unlink()
+    (f.bp / "credentials" / "db" / "tok.env.j2").write_text("DB={{ secret }}\n")
+    run = f.run("drift")
+    assert run.code == 2 and "worker.yaml" in run.stderr
+    assert "both render 'tok.env'" in run.stderr
+
+
+def test_a_secret_that_cannot_be_resolved_names_the_grant_and_its_source(fleet):
+    fleet.monkeypatch.delenv("TOK_GONE", raising=False)
+    fleet.configure(grants_a=tok("TOK_GONE"))
+    run = fleet.run("drift")
+    assert run.code == 2
+    assert "inv.yaml:" in run.stdout and "hosts.h.agents.a.grants.tok" in run.stdout
+    assert "environment variable TOK_GONE" in run.stdout

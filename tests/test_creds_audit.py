@@ -141,6 +141,8 @@ def dev_agent(user: str | None, home: Path | None = None, **grants: dict) -> dic
         agent["user"] = user
     if home is not None:
         agent["home"] = str(home)
+        if user:  # the account's own HOME must be the one the inventory names
+            subprocess.run(["usermod", "-d", str(home), user], check=False, capture_output=True)
     agent["grants"] = grants
     return agent
 
@@ -471,3 +473,19 @@ def test_unreachable_host_is_exit_2_and_the_others_are_audited(
     text = audit(inv, project, "--timeout", "10")
     assert text.code == 2 and "dead: error" in text.stdout
     assert_no_secret(planted, run.stdout, run.stderr, text.stdout, text.stderr)
+
+
+def test_a_writable_credentials_directory_is_a_finding(tmp_path, project, planted, users):
+    """Whoever may write ``credentials/`` may replace an agent's 0700 directory with their own."""
+    u = users()
+    root = tmp_path / "root"
+    inv = write_inventory(tmp_path / "inv.yaml", {"h1": local_host(root, {
+        "a1": dev_agent(u, tmp_path / "home-a1", **clean_grants())})})
+    ship(inv, project)
+    assert audit(inv, project).code == 0
+    os.chmod(root / "credentials", 0o777)
+    run = audit(inv, project, "-f", "json")
+    assert run.code == 1
+    assert [(f["rule"], f["path"]) for f in run.doc["findings"]] == [
+        ("readable-by-others", "credentials")]
+    assert_no_secret(planted, run.stdout, run.stderr)
