@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from fleetctl.capabilities import Capability, load_capabilities, skill_needs
 from fleetctl.errors import InputError
-from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl
+from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl, check_bridged_servers
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
@@ -282,6 +282,7 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                                       f"no capability {capability!r} in {root / 'credentials'}",
                                       hint=f"capabilities defined: "
                                       f"{', '.join(capabilities) or '(none)'}")
+            check_bridged_servers(path, role)
             rendered: dict[str, str] = {}
             for i, capability in enumerate(role.capabilities):
                 for name in capabilities[capability].templates:

@@ -5,7 +5,7 @@ The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
     runner/...                       blueprint/runner, templates rendered
     skills/<name>/...                each skill a role on this host uses
     agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
-    agents/<agent>/mcp-bridge.json   its role's MCP servers, for the mcp-bridge CLI (if any)
+    agents/<agent>/mcp-bridge.json   its role's ``via: bridge`` MCP servers, for the mcp-bridge CLI
     credentials/<agent>/<file>       its granted credentials (:mod:`fleetctl.credentials`),
                                      beside the releases on the host, never inside one
 
@@ -245,7 +245,8 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
         b.add_dir("agents", None, None, "(agents)")
         b.add_dir(base, None, None, "(agents)")
         b.add_file(f"{base}/agent.yaml", data, DEFAULT_FILE_MODE, f"agent {agent.name}")
-        bridge = bridge_config(blueprint.roles[agent.role])
+        bridge = bridge_config(blueprint.roles[agent.role],
+                               blueprint.root / "roles" / f"{agent.role}.yaml")
         if bridge is not None:
             b.add_file(f"{base}/{BRIDGE_CONFIG}", bridge, DEFAULT_FILE_MODE, f"agent {agent.name}")
     secrets: dict[str, Secret] = {}
@@ -261,17 +262,31 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
 BRIDGE_CONFIG = "mcp-bridge.json"
 
 
-def bridge_config(role: Role) -> bytes | None:
-    """The ``mcp-bridge`` CLI's server list for an agent of ``role``, or ``None`` without servers.
+def bridge_config(role: Role, role_file: Path | None = None) -> bytes | None:
+    """The ``mcp-bridge`` CLI's server list for an agent of ``role``, or ``None`` when the role
+    has no ``via: bridge`` server.
 
     ``{"servers": {NAME: {"command": [...], "env": {...}, "cwd": ...}}}`` (sorted keys, one
-    final newline), from the role's ``mcp_servers`` that have a ``command``; a server declared
-    only by a saved ``tools/list`` snapshot cannot be started, so it is left out. The bridge
-    reads it from ``$FLEET_RELEASE/agents/$FLEET_AGENT/mcp-bridge.json``.
+    final newline), from the role's ``mcp_servers`` declared ``via: bridge`` (each has a
+    ``command``: a snapshot cannot be started). A ``via: mcp`` server is handed to the agent
+    command by the runner instead (``mcp_servers`` in ``agent.yaml``), so it is not here. The
+    bridge reads the file from ``$FLEET_RELEASE/agents/$FLEET_AGENT/mcp-bridge.json``.
+
+    Args:
+        role: the role.
+        role_file: its file, named by the error below; ``None`` skips that check.
+
+    Raises:
+        InputError: a ``via: bridge`` server in a role without the ``mcp-bridge`` skill (file,
+            line and key).
     """
+    from fleetctl.tokens.declare import VIA_BRIDGE, check_bridged_servers
+
+    if role_file is not None:
+        check_bridged_servers(role_file, role)
     servers = {}
     for name, decl in role.mcp_servers.items():
-        if decl.command is None:
+        if decl.via != VIA_BRIDGE or decl.command is None:
             continue
         spec: dict[str, Any] = {"command": list(decl.command)}
         if decl.env:

@@ -164,19 +164,28 @@ def test_owner_must_name_user_and_group(tmp_path, owner):
     assert run.code == 2 and "hosts.h.owner" in run.stderr
 
 
-def test_a_role_with_mcp_servers_gets_the_bridge_config_the_bridge_reads(tmp_path):
-    bp = make_project(tmp_path, {"runner": {"a": "x"}}, roles={"worker": {
-        "prompt": "p", "mcp_servers": {
-            "tracker": {"command": ["tracker-mcp", "--stdio"], "env": {"TRACKER_URL": "http://t"}},
-            "saved": {"snapshot": "tools.json"}}}})
+REPO = Path(__file__).resolve().parents[1]
+BRIDGE_SKILL = {"skills": {"mcp-bridge": {
+    "SKILL.md": "---\nname: mcp-bridge\nsummary: MCP tools as a CLI.\n---\n",
+    "bin": {"mcp-bridge": "#!/bin/sh\n"}}}}
+MCP_ROLE = {"prompt": "p", "skills": ["mcp-bridge"], "mcp_servers": {
+    "tracker": {"via": "bridge", "command": ["tracker-mcp", "--stdio"],
+                "env": {"TRACKER_URL": "http://t"}},
+    "wiki": {"command": ["wiki-mcp"], "env": {"WIKI_TOKEN": "w"}, "cwd": "srv"},
+    "saved": {"snapshot": "tools.json"}}}
+
+
+def test_the_bridge_config_holds_only_the_via_bridge_servers_the_bridge_reads(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}, **BRIDGE_SKILL}, roles={"worker": MCP_ROLE})
     tree = _render(tmp_path, bp)
     entry = tree.manifest.get("agents/w1/mcp-bridge.json")
     config = json.loads(tree.contents[entry.digest])
-    # Only servers that can be started; exactly the shape mcp-bridge's load_config accepts.
+    # Only via-bridge servers (wiki is via mcp, saved cannot be started); exactly the shape
+    # mcp-bridge's load_config accepts.
     assert config == {"servers": {"tracker": {"command": ["tracker-mcp", "--stdio"],
                                               "env": {"TRACKER_URL": "http://t"}}}}
     assert entry.mode == "0644"
-    bridge = Path(__file__).resolve().parents[1] / "blueprint/skills/mcp-bridge/bin/mcp-bridge"
+    bridge = REPO / "blueprint/skills/mcp-bridge/bin/mcp-bridge"
     out_dir = tmp_path / "rel" / "agents" / "w1"
     out_dir.mkdir(parents=True)
     (out_dir / "mcp-bridge.json").write_bytes(tree.contents[entry.digest])
@@ -184,6 +193,74 @@ def test_a_role_with_mcp_servers_gets_the_bridge_config_the_bridge_reads(tmp_pat
                             env={**os.environ, "FLEET_RELEASE": str(tmp_path / "rel"),
                                  "FLEET_AGENT": "w1"})
     assert listed.returncode == 0 and "tracker" in listed.stdout, listed.stderr
+    assert "wiki" not in listed.stdout
+
+
+def test_a_role_whose_servers_are_all_via_mcp_gets_no_bridge_config(tmp_path):
+    bp = make_project(tmp_path, {"runner": {"a": "x"}}, roles={"worker": {
+        "prompt": "p", "mcp_servers": {"tracker": {"command": ["tracker-mcp"]}}}})
+    assert _render(tmp_path, bp).manifest.get("agents/w1/mcp-bridge.json") is None
+
+
+def test_agent_yaml_carries_the_mcp_servers_the_runner_can_start(tmp_path):
+    template = (REPO / "templates" / "agent.yaml.j2").read_text()
+    bp = make_project(tmp_path, {"runner": {"a": "x"}, **BRIDGE_SKILL}, roles={"worker": MCP_ROLE},
+                      agent_template=template)
+    tree = _render(tmp_path, bp)
+    text = tree.contents[tree.manifest.get("agents/w1/agent.yaml").digest].decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("mcp_servers:")]
+    assert len(lines) == 1  # one `key: <JSON>` line, as the runner reads it
+    servers = json.loads(lines[0].split(":", 1)[1])
+    assert servers == {
+        "tracker": {"via": "bridge", "command": ["tracker-mcp", "--stdio"],
+                    "env": {"TRACKER_URL": "http://t"}, "cwd": None},
+        "wiki": {"via": "mcp", "command": ["wiki-mcp"], "env": {"WIKI_TOKEN": "w"},
+                 "cwd": "srv"}}  # saved (a snapshot) cannot be started: left out
+    assert servers == __import__("yaml").safe_load(text)["mcp_servers"]  # valid YAML too
+    # The runner's own parser reads it.
+    sys.path.insert(0, str(REPO / "blueprint" / "runner"))
+    from fleet_runner.config import config_from_data, parse_config_text
+
+    config = config_from_data(parse_config_text(text))
+    assert [(s.name, s.via, s.command, s.cwd) for s in config.mcp_servers] == [
+        ("tracker", "bridge", ("tracker-mcp", "--stdio"), None),
+        ("wiki", "mcp", ("wiki-mcp",), "srv")]
+    assert config.bridged_servers == ["tracker"]
+    # Without servers the key is still there, empty.
+    plain = make_project(tmp_path / "p2", {"runner": {"a": "x"}}, agent_template=template)
+    text = (lambda t: t.contents[t.manifest.get("agents/w1/agent.yaml").digest].decode())(
+        _render(tmp_path / "p2", plain))
+    assert "\nmcp_servers: {}\n" in text
+
+
+def test_via_bridge_without_the_bridge_skill_is_an_input_error_naming_the_line(tmp_path):
+    role = {**MCP_ROLE, "skills": []}
+    bp = make_project(tmp_path, {"runner": {"a": "x"}, **BRIDGE_SKILL}, roles={"worker": role})
+    text = (bp / "roles" / "worker.yaml").read_text().splitlines()
+    line = next(i for i, ln in enumerate(text, 1) if ln.strip() == "via: bridge")
+    with pytest.raises(InputError) as exc:
+        _render(tmp_path, bp)
+    assert f"roles/worker.yaml:{line}: mcp_servers.tracker.via: bridge needs the " \
+           "mcp-bridge skill" in exc.value.message
+    assert "add mcp-bridge" in exc.value.hint
+    inv = write_inventory(tmp_path / "inv2.yaml", {"h": local_host(tmp_path / "box2")})
+    run = cli("render", "h", "--out", str(tmp_path / "out"), inventory=inv, blueprint=bp)
+    assert run.code == 2 and f"worker.yaml:{line}: mcp_servers.tracker.via" in run.stderr
+
+
+def test_via_bridge_needs_a_command_and_via_is_mcp_or_bridge(tmp_path):
+    for i, (server, problem) in enumerate((
+            ({"via": "bridge", "snapshot": "t.json"}, "bridge needs a command"),
+            ({"via": "cli", "command": ["x"]}, "input should be 'mcp' or 'bridge'"))):
+        bp = make_project(tmp_path / str(i), {"runner": {"a": "x"}, **BRIDGE_SKILL},
+                          roles={"worker": {"prompt": "p", "skills": ["mcp-bridge"],
+                                            "mcp_servers": {"tracker": server}}})
+        text = (bp / "roles" / "worker.yaml").read_text().splitlines()
+        line = next(i for i, ln in enumerate(text, 1) if ln.strip().startswith("via:"))
+        with pytest.raises(InputError) as exc:
+            load_blueprint(bp)
+        assert f"worker.yaml:{line}: mcp_servers.tracker.via: " in exc.value.message
+        assert problem in exc.value.message
 
 
 def test_a_role_without_mcp_servers_gets_no_bridge_config(tmp_path):

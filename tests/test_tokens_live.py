@@ -253,7 +253,8 @@ def test_dead_weight_is_declared_minus_called_with_prefix_tokens(tmp_path):
     assert c["declared_clis"] == ["notify", "reply"]
     assert c["declared_mcp_servers"] == ["tracker"]
     assert c["declared_mcp_tools"] == [f"tracker/{n}" for n in TOOLS]
-    assert c["mcp_servers"] == [{"name": "tracker", "status": "ok", "tools": 3, "detail": ""}]
+    assert c["mcp_servers"] == [{"name": "tracker", "via": "mcp", "status": "ok", "tools": 3,
+                                 "detail": ""}]
     assert c["recorded_turns"] == {"calls": 3, "tool_calls": 3}
     assert c["called"] == {"clis": {"forge": 2, "reply": 4},
                            "tools": {"tracker/search_issues": 4, "wiki/find": 1}}
@@ -288,7 +289,8 @@ def test_dead_weight_is_declared_minus_called_with_prefix_tokens(tmp_path):
     c = old.agent("triager")["calls"]
     assert old.agent("triager")["turns"] == 1
     assert c["called"] is None and c["recorded_turns"] == {"calls": 0, "tool_calls": 0}
-    assert c["dead_weight"] == {"clis": None, "tools": None, "prefix_tokens": None}
+    assert c["dead_weight"] == {"clis": None, "tools": None, "bridged_servers": [],
+                                "prefix_tokens": None}
     assert c["note"].startswith("not recorded")
     old_text = tokens("--live", "--since", t.format(4), project=(inv, bp)).stdout
     assert "called: not recorded" in old_text and "dead weight (declared" not in old_text

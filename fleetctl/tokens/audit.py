@@ -10,9 +10,11 @@ it (:mod:`fleetctl.tokens.measure`), and hold it to the role's budgets:
 
 Over any of them is a finding (exit 1). An MCP server that cannot be measured makes the agent
 ``incomplete`` (exit 2): its tools are missing from the numbers, which are then a lower bound,
-and a comparison never counts them as a saving. ``--compare mcp`` measures the same role with
-its MCP servers reached through the ``mcp-bridge`` CLI instead (their tools and instructions
-leave the prefix; one CLI-index line per server comes in). ``--baseline FILE`` compares with a
+and a comparison never counts them as a saving. A server declared ``via: bridge`` is in the
+prefix as one CLI-index line (``mcp-bridge SERVER --help``), passed to the builder as a bridged
+server; it is not started. ``--compare mcp`` measures the same role with all its MCP servers
+reached through the ``mcp-bridge`` CLI (the ``via: mcp`` servers' tools and instructions leave
+the prefix; one CLI-index line per server comes in). ``--baseline FILE`` compares with a
 previous JSON report and fails on growth beyond a threshold, naming what grew.
 """
 
@@ -28,7 +30,8 @@ from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError, wors
 from fleetctl.inventory import load_inventory
 from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, JsonFileCache,
                                       O200kCounter, anthropic_client)
-from fleetctl.tokens.declare import McpServerDecl
+from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
+                                     mcp_servers)
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
 from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
                                      measure_claude, measure_offline)
@@ -93,12 +96,13 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """A role's prefix as declared versus with its MCP servers behind the bridge CLI.
+    """A role's prefix as declared versus with all its MCP servers behind the bridge CLI.
 
     Attributes:
-        servers: the MCP servers moved behind the bridge.
-        tools_moved: how many tool definitions left the prefix (still reachable as
-            ``mcp-bridge SERVER TOOL``).
+        servers: every MCP server of the role, all behind the bridge on that side (the
+            ``via: bridge`` ones are there already).
+        tools_moved: how many tool definitions left the prefix (the ``via: mcp`` servers'
+            tools, still reachable as ``mcp-bridge SERVER TOOL``).
         bridge: the measurement with the bridge.
         declared_total: the declared prefix's total; ``None`` when it is incomplete.
         saving_tokens: declared minus bridged total, or ``None`` (never a saving when a server
@@ -142,7 +146,8 @@ class AgentReport:
         measurement: the prefix measured.
         window: the model's context window.
         budget_tokens, max_tool_tokens, max_tools: the role's limits (``None``: none).
-        servers: each declared MCP server's listing.
+        servers: each ``via: mcp`` server's listing (their tools are in the prefix).
+        bridged: the ``via: bridge`` servers (one CLI-index line each; not started).
         findings: what is over, or failed.
         warnings: what the reader should know but is not a finding.
         compare: the bridge comparison, when asked for.
@@ -158,6 +163,7 @@ class AgentReport:
     max_tool_tokens: int | None = None
     max_tools: int | None = None
     servers: tuple[ServerListing, ...] = ()
+    bridged: tuple[str, ...] = ()
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     compare: Comparison | None = None
@@ -202,12 +208,16 @@ class TokensReport:
 def load_roles(blueprint: Path) -> dict[str, Role]:
     """Every role of the blueprint, loaded and checked by :func:`fleetctl.blueprint.load_blueprint`
     (whose ``Role`` carries the ``fleetctl tokens`` keys: ``mcp_servers``, ``max_tool_tokens``,
-    ``max_tools``).
+    ``max_tools``), and each role's ``via: bridge`` servers checked against its skills.
 
     Raises:
-        InputError: no blueprint, a bad role file, or a role naming a missing skill.
+        InputError: no blueprint, a bad role file, a role naming a missing skill, or a
+            ``via: bridge`` server in a role without the ``mcp-bridge`` skill.
     """
-    return load_blueprint(blueprint).roles
+    loaded = load_blueprint(blueprint)
+    for name, role in loaded.roles.items():
+        check_bridged_servers(loaded.root / "roles" / f"{name}.yaml", role)
+    return loaded.roles
 
 
 def _select(inventory: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -353,11 +363,12 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             / "claude-count-tokens.json"
         cache = JsonFileCache(cache_path)
 
-    # List each distinct server once, all at the same time.
+    # List each distinct server once, all at the same time. A bridged server is not listed:
+    # its tools are not in the prefix.
     used_roles = list(dict.fromkeys(a.role for _, a in selected))
     decls: dict[str, McpServerDecl] = {}
     for role_name in used_roles:
-        for decl in roles[role_name].mcp_servers.values():
+        for decl in mcp_servers(roles[role_name].mcp_servers).values():
             decls.setdefault(_decl_key(decl), decl)
     listed = list_servers(decls, blueprint)
 
@@ -372,14 +383,15 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None]] = {}
     for role_name in used_roles:
         role = roles[role_name]
-        listings = tuple(
-            _renamed(listed[_decl_key(d)], name) for name, d in role.mcp_servers.items())
+        listings = tuple(_renamed(listed[_decl_key(d)], name)
+                         for name, d in mcp_servers(role.mcp_servers).items())
         servers = [prefix_module.McpServerTools(s.name, s.tools, s.instructions)
                    for s in listings if s.measured]
         try:
             prefix = prefix_module.build_prefix(
                 role.prompt, role.skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
-                mcp_servers=servers, model=role.model)
+                mcp_servers=servers, bridged_servers=bridged_servers(role.mcp_servers),
+                model=role.model)
         except prefix_module.PrefixError as exc:
             raise InputError(f"role {role_name}: {exc}") from None
         measurement = measure(prefix, role.model)
@@ -410,7 +422,8 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             agent=agent.name, host=host, role=agent.role, model=role.model,
             measurement=measurement, window=context_window(role.model),
             budget_tokens=role.budget_tokens, max_tool_tokens=role.max_tool_tokens,
-            max_tools=role.max_tools, servers=listings, compare=comparison)
+            max_tools=role.max_tools, servers=listings,
+            bridged=tuple(bridged_servers(role.mcp_servers)), compare=comparison)
         for s in listings:
             if not s.measured:
                 report.findings.append(Finding(

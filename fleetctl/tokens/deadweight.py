@@ -1,18 +1,22 @@
 """Dead weight: what a role puts in every turn's prefix that its agent never uses.
 
 A role declares CLIs (each executable in its skills' ``bin/``, one line each in the CLI index)
-and, while it still declares MCP servers, their tools (one definition each in the tools array).
-Every turn pays for all of them. Since the runner records, per ledger line, the CLIs a turn
-invoked (``"calls": {"<cli>": <count>}``) and the MCP tools it called through the ``mcp-bridge``
-CLI (``"tool_calls": {"<server>/<tool>": <count>}``), ``fleetctl tokens --live`` can set the
-two side by side: **dead weight** is what is declared and was never called in the turns read.
+and MCP servers: a ``via: mcp`` server's tools are one definition each in the tools array, a
+``via: bridge`` server is one line in the CLI index (``mcp-bridge SERVER --help``) and its tools
+are reached through the ``mcp-bridge`` CLI, at no cost per tool. Every turn pays for all of it.
+Since the runner records, per ledger line, the CLIs a turn invoked (``"calls": {"<cli>":
+<count>}``) and the MCP tools it called through the ``mcp-bridge`` CLI (``"tool_calls":
+{"<server>/<tool>": <count>}``), ``fleetctl tokens --live`` can set the two side by side:
+**dead weight** is what is declared and was never called in the turns read.
 
 Two halves:
 
 - :func:`declared_by_role`: what each role declares, from the same sources as the audit
   (:mod:`fleetctl.tokens.audit`): the skills' ``bin/`` directories, the MCP servers listed for
   real (:func:`fleetctl.tokens.mcp_list.list_servers`), and each item's prefix tokens counted
-  with the offline ``o200k_base`` counter on the prefix the runner's own builder makes;
+  with the offline ``o200k_base`` counter on the prefix the runner's own builder makes (a
+  bridged server's tools add 0 each; its CLI-index line is dead weight when none of its tools
+  was called);
 - :func:`summarise_calls`: the calls summed over ledger records, set against a declaration.
 
 Lines written by a runner that does not record calls have neither key. When no line read has
@@ -62,12 +66,17 @@ class ServerState:
         status: ``ok`` or a failure status of :mod:`fleetctl.tokens.mcp_list`.
         tools: how many tools it listed (0 unless ``ok``).
         detail: one line when not ``ok``, else empty.
+        via: ``mcp`` (its tools in the prefix) or ``bridge`` (one CLI-index line).
+        line_tokens: for a bridged server, ``o200k_base`` tokens of its CLI-index line (the
+            system text with it minus without it); ``None`` otherwise or when not counted.
     """
 
     name: str
     status: str
     tools: int = 0
     detail: str = ""
+    via: str = "mcp"
+    line_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +111,14 @@ def _skill_clis(bin_dir: Path) -> list[str]:
         (bin_dir / n).is_symlink() or (bin_dir / n).is_file()))
 
 
-def _cli_line_tokens(prefix: Any, counter: Any, cli: str) -> int | None:
-    """``o200k_base`` tokens of ``cli``'s CLI-index line: the system text with it minus the
-    system text without it (the index's header goes with the last line); ``None`` when the
-    index has no line for it."""
+def _cli_line_tokens(prefix: Any, counter: Any, cli: str, start: str | None = None
+                     ) -> int | None:
+    """``o200k_base`` tokens of ``cli``'s CLI-index line (or of the line starting with
+    ``start``): the system text with it minus the system text without it (the index's header
+    goes with the last line); ``None`` when the index has no line for it."""
+    start = start or f"- {cli} (skill "
     lines = prefix.components.get("cli_index", "").split("\n")
-    mine = {i for i, line in enumerate(lines) if i and line.startswith(f"- {cli} (skill ")}
+    mine = {i for i, line in enumerate(lines) if i and line.startswith(start)}
     if not mine:
         return None
     rest = [line for i, line in enumerate(lines) if i not in mine]
@@ -135,6 +146,7 @@ def declared_by_role(blueprint: Path, roles: dict[str, Any], role_names: Iterabl
         role name → :class:`Declared`.
     """
     from fleetctl.tokens.audit import _decl_key, _renamed
+    from fleetctl.tokens.declare import VIA_BRIDGE, bridged_servers
 
     blueprint = Path(blueprint)
     wanted = list(dict.fromkeys(role_names))
@@ -168,27 +180,41 @@ def declared_by_role(blueprint: Path, roles: dict[str, Any], role_names: Iterabl
                 owner.setdefault(cli, skill)
         listings = [_renamed(listed[_decl_key(d)], server)
                     for server, d in role.mcp_servers.items()]
-        servers = tuple(ServerState(s.name, s.status, len(s.tools) if s.measured else 0,
-                                    s.detail) for s in listings)
+        via = {server: d.via for server, d in role.mcp_servers.items()}
+        bridged = bridged_servers(role.mcp_servers)
         cli_tokens: dict[str, int | None] = {}
         tool_tokens: dict[str, int | None] = {}
+        line_tokens: dict[str, int | None] = {}
         note = why
         if prefix_module is not None and counter is not None:
             try:
                 prefix = prefix_module.build_prefix(
                     role.prompt, role.skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
                     mcp_servers=[prefix_module.McpServerTools(s.name, s.tools, s.instructions)
-                                 for s in listings if s.measured], model=role.model)
+                                 for s in listings if s.measured and via[s.name] != VIA_BRIDGE],
+                    bridged_servers=bridged, model=role.model)
             except prefix_module.PrefixError as exc:
                 note = f"prefix tokens not counted: role {name}: {exc}"
             else:
                 cli_tokens = {cli: _cli_line_tokens(prefix, counter, cli) for cli in owner}
+                bridge = prefix_module.BRIDGE_SKILL
+                line_tokens = {server: _cli_line_tokens(
+                    prefix, counter, bridge, f"- {bridge} {server} (MCP server {server},")
+                    for server in bridged}
+                # Behind the bridge a tool is in no prefix: it adds nothing a turn.
+                tool_tokens.update({f"{s.name}/{t.get('name', '')}": 0
+                                    for s in listings if s.measured and s.name in bridged
+                                    for t in s.tools})
                 if any(t.server is not None for t in prefix.tools):
                     from fleetctl.tokens.measure import measure_offline
 
                     costs = measure_offline(prefix, counter, prefix_module, band=None).tools
-                    tool_tokens = {f"{t.server}/{t.mcp_name}": c.marginal_tokens
-                                   for t, c in zip(prefix.tools, costs) if t.server is not None}
+                    tool_tokens.update({f"{t.server}/{t.mcp_name}": c.marginal_tokens
+                                        for t, c in zip(prefix.tools, costs)
+                                        if t.server is not None})
+        servers = tuple(ServerState(s.name, s.status, len(s.tools) if s.measured else 0,
+                                    s.detail, via[s.name], line_tokens.get(s.name))
+                        for s in listings)
         clis = tuple(DeclaredItem(cli, owner[cli], cli_tokens.get(cli)) for cli in sorted(owner))
         tools = tuple(DeclaredItem(f"{s.name}/{t.get('name', '')}", s.name,
                                    tool_tokens.get(f"{s.name}/{t.get('name', '')}"))
@@ -236,6 +262,18 @@ def _dead(items: tuple[DeclaredItem, ...], owner_key: str, called: dict[str, int
             for i in items if i.name not in called]
 
 
+def _dead_bridged(servers: tuple[ServerState, ...], called: dict[str, int] | None
+                  ) -> list[dict[str, Any]] | None:
+    """The bridged servers none of whose tools was called: their CLI-index lines."""
+    bridged = [s for s in servers if s.via == "bridge"]
+    if not bridged:
+        return []
+    if called is None:
+        return None
+    return [{"name": s.name, "prefix_tokens": s.line_tokens} for s in bridged
+            if not any(n.partition("/")[0] == s.name for n in called)]
+
+
 def summarise_calls(records: list[dict[str, Any]], declared: Declared) -> dict[str, Any]:
     """The calls of the turns in ``records`` against what the role declares (JSON-ready).
 
@@ -245,13 +283,16 @@ def summarise_calls(records: list[dict[str, Any]], declared: Declared) -> dict[s
 
     Returns:
         ``declared_clis`` and ``declared_mcp_servers`` (names), ``declared_mcp_tools``
-        (``SERVER/TOOL``), ``mcp_servers`` (``name``, ``status``, ``tools``, ``detail``),
+        (``SERVER/TOOL``, bridged servers' too), ``mcp_servers`` (``name``, ``via``,
+        ``status``, ``tools``, ``detail``),
         ``recorded_turns`` (``calls``, ``tool_calls``: how many turns' lines have each key),
         ``called`` (``None`` when no line has either key, else ``clis`` and ``tools``: name →
         calls summed, each ``None`` when not recorded), ``called_undeclared`` (``clis``,
         ``tools``: called but not declared), ``dead_weight`` (``clis``: ``[{name, skill,
-        prefix_tokens}]``, ``tools``: ``[{name, server, prefix_tokens}]``, each ``None`` when
-        the calls are not recorded and something is declared; ``prefix_tokens``: theirs summed,
+        prefix_tokens}]``, ``tools``: ``[{name, server, prefix_tokens}]`` (0 for a bridged
+        server's tool), ``bridged_servers``: ``[{name, prefix_tokens}]`` (bridged servers none
+        of whose tools was called: their CLI-index lines), each ``None`` when the calls are not
+        recorded and something is declared; ``prefix_tokens``: theirs summed,
         tokens per turn, ``None`` when neither list is known or nothing could be counted),
         ``prefix_counter`` (``o200k_base`` or ``None``), ``prefix_note`` and ``note`` (one line
         for people). An empty declaration is never dead weight: its list is ``[]``.
@@ -262,10 +303,11 @@ def summarise_calls(records: list[dict[str, Any]], declared: Declared) -> dict[s
     tools = tool_calls if tool_turns else None
     dead_clis = _dead(declared.clis, "skill", clis)
     dead_tools = _dead(declared.tools, "server", tools)
+    dead_bridged = _dead_bridged(declared.servers, tools)
     dead_tokens = None
     if (dead_clis is not None or dead_tools is not None) and declared.counter is not None:
-        dead_tokens = sum(i["prefix_tokens"] or 0 for d in (dead_clis, dead_tools) if d
-                          for i in d)
+        dead_tokens = sum(i["prefix_tokens"] or 0 for d in (dead_clis, dead_tools, dead_bridged)
+                          if d for i in d)
     declared_names = {i.name for i in declared.clis}
     declared_tools = {i.name for i in declared.tools}
     turns = len(records)
@@ -284,7 +326,7 @@ def summarise_calls(records: list[dict[str, Any]], declared: Declared) -> dict[s
         "declared_clis": [i.name for i in declared.clis],
         "declared_mcp_servers": [s.name for s in declared.servers],
         "declared_mcp_tools": [i.name for i in declared.tools],
-        "mcp_servers": [{"name": s.name, "status": s.status, "tools": s.tools,
+        "mcp_servers": [{"name": s.name, "via": s.via, "status": s.status, "tools": s.tools,
                          "detail": s.detail} for s in declared.servers],
         "recorded_turns": {"calls": cli_turns, "tool_calls": tool_turns},
         "called": None if clis is None and tools is None else {"clis": clis, "tools": tools},
@@ -292,7 +334,8 @@ def summarise_calls(records: list[dict[str, Any]], declared: Declared) -> dict[s
             "clis": sorted(n for n in clis or {} if n not in declared_names),
             "tools": sorted(n for n in tools or {} if n not in declared_tools
                             and n.partition("/")[0] not in unlisted)},
-        "dead_weight": {"clis": dead_clis, "tools": dead_tools, "prefix_tokens": dead_tokens},
+        "dead_weight": {"clis": dead_clis, "tools": dead_tools,
+                        "bridged_servers": dead_bridged, "prefix_tokens": dead_tokens},
         "prefix_counter": declared.counter,
         "prefix_note": declared.note,
         "note": note,

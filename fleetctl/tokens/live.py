@@ -381,8 +381,10 @@ def _counts(counts: dict[str, int] | None) -> str:
 
 def _calls_lines(c: dict[str, Any]) -> list[str]:
     """Declared, called and dead weight, as plain lines."""
+    bridged = ", via bridge"
     servers = ", ".join(
-        s["name"] + (f" ({s['tools']} tools)" if s["status"] == "ok"
+        s["name"] + (f" ({s['tools']} tools{bridged if s.get('via') == 'bridge' else ''})"
+                     if s["status"] == "ok"
                      else f" (not listed: {s['status']}: {s['detail']})")
         for s in c["mcp_servers"]) or "(none)"
     out = ["  declared: CLIs " + (", ".join(c["declared_clis"]) or "(none)")
@@ -397,7 +399,9 @@ def _calls_lines(c: dict[str, Any]) -> list[str]:
     if und["clis"] or und["tools"]:
         out.append("  called but not declared: " + ", ".join(und["clis"] + und["tools"]))
     dead = c["dead_weight"]
-    items = [("CLI", i) for i in dead["clis"] or []] + [("tool", i) for i in dead["tools"] or []]
+    items = ([("CLI", i) for i in dead["clis"] or []]
+             + [("bridged server", i) for i in dead.get("bridged_servers") or []]
+             + [("tool", i) for i in dead["tools"] or []])
     unknown = [k for k, v in (("CLIs", dead["clis"]), ("MCP tools", dead["tools"])) if v is None]
     if not items:
         out.append("  dead weight (declared, never called): none"
@@ -420,7 +424,7 @@ def _dead_cell(c: dict[str, Any]) -> str:
     if c["called"] is None:
         return "not recorded"
     dead = c["dead_weight"]
-    n = len(dead["clis"] or []) + len(dead["tools"] or [])
+    n = sum(len(dead.get(k) or []) for k in ("clis", "bridged_servers", "tools"))
     tokens = f" ({dead['prefix_tokens']:,} tokens)" if dead["prefix_tokens"] is not None else ""
     return f"{n}{tokens}"
 

@@ -77,6 +77,7 @@ def agent_json(a: AgentReport) -> dict[str, Any]:
                      "tools": len(s.tools), "pages": s.pages, "detail": s.detail,
                      "stderr_tail": s.stderr_tail, "elapsed_s": s.elapsed_s,
                      "instructions": s.instructions is not None} for s in a.servers],
+        "bridged_servers": list(a.bridged),
         "findings": [{"kind": f.kind, "message": f.message, "subject": f.subject,
                       "limit": f.limit, "actual": f.actual} for f in a.findings],
         "warnings": list(a.warnings),
@@ -171,6 +172,8 @@ def print_text(console: Console, report: TokensReport) -> None:
             if not s.measured and s.stderr_tail:
                 for err_line in s.stderr_tail.splitlines():
                     console.print(f"    stderr| {err_line}", markup=False, highlight=False)
+        for name in a.bridged:
+            console.print(f"  {_bridged_line(name)}", markup=False, highlight=False)
         if a.compare is not None:
             _print_compare(console, a.compare)
         for f in a.findings:
@@ -183,6 +186,11 @@ def print_text(console: Console, report: TokensReport) -> None:
     est = estimate_line(report)
     if est:
         console.print(est, markup=False, highlight=False)
+
+
+def _bridged_line(name: str) -> str:
+    return (f"MCP server {name}: via bridge, one CLI-index line (`mcp-bridge {name} --help`); "
+            "its tools are in no prefix (not started)")
 
 
 def _compare_lines(c: Comparison) -> list[str]:
@@ -234,6 +242,7 @@ def to_markdown(report: TokensReport) -> str:
         for s in a.servers:
             out.append(f"- MCP server `{s.name}`: {s.status}, {len(s.tools)} tools"
                        + (f": {_md(s.detail)}" if s.detail else ""))
+        out += [f"- {_md(_bridged_line(name))}" for name in a.bridged]
         if a.compare is not None:
             out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
         out += [f"- **over**: {_md(f.message)}" if f.kind != "server" else

@@ -11,6 +11,8 @@ Standard library only: hosts get no pip installs. One module per job:
                                   exact offline ``o200k_base`` counts of the same prefix
 - :mod:`fleet_runner.prefix`     the prompt prefix (also imported by ``fleetctl tokens``)
 - :mod:`fleet_runner.prompt`     the task prompt: message, anti-silence, retry feedback
+- :mod:`fleet_runner.mcpconfig`  the role's ``via: mcp`` servers, written per attempt into the
+                                  MCP config file ``{mcp_config}`` names in the agent command
 - :mod:`fleet_runner.invoke`     a command in its own process group, with a wall-clock timeout
 - :mod:`fleet_runner.snapshot`   sha256 snapshots of the workspace and their difference
 - :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed

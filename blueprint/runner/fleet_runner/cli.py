@@ -72,7 +72,8 @@ def _hold_lock(path: Path) -> int | None:
 
 def _show_prefix(paths) -> int:
     config = load_config(paths.config)
-    prefix = build_prefix(config.prompt, config.skills, paths.skills)
+    prefix = build_prefix(config.prompt, config.skills, paths.skills,
+                          bridged_servers=config.bridged_servers)
     tokens = prefix.tokens(count_tokens)
     json.dump({"agent": config.agent, "components": prefix.components, "text": prefix.text,
                "tokens": tokens, "tokens_total": sum(tokens.values()),

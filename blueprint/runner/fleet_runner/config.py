@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet_runner.mcpconfig import PLACEHOLDER as MCP_CONFIG
+from fleet_runner.prefix import BRIDGE_SKILL
 from fleet_runner.scope import ScopeError, compile_scope
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -27,6 +29,8 @@ DEFAULT_MAX_RETRIES = 2
 """Retries after a failed verification when the config has no ``max_retries``."""
 
 _LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$")
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+VIA_MCP, VIA_BRIDGE = "mcp", "bridge"
 
 
 class ConfigError(Exception):
@@ -44,6 +48,26 @@ class SyncConfig:
 
     branch: str
     remote: str = "origin"
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """One MCP server of the role (``mcp_servers`` in ``agent.yaml``; docs/tokens.md).
+
+    Attributes:
+        name: the server's name in the role (``mcp__NAME__TOOL``, ``mcp-bridge NAME``).
+        via: ``mcp`` (handed to the agent command in its MCP config file) or ``bridge``
+            (reached through the ``mcp-bridge`` CLI; one line in the CLI index).
+        command: its argv (``{python}``: the runner's interpreter).
+        env: variables added to its environment.
+        cwd: its working directory (relative: to the workspace), or ``None``.
+    """
+
+    name: str
+    via: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +93,8 @@ class AgentConfig:
         writes: gitignore-style patterns (workspace-relative) of what a run may change, or
             ``None`` for anywhere (the scope gate is then skipped); ``[]`` allows nothing.
         sync: the working repository to sync before a task, or ``None``.
+        mcp_servers: the role's MCP servers that can be started, in name order (``()`` when
+            the key is missing, as in configs rendered before it existed).
         path: the file it was read from.
     """
 
@@ -87,13 +113,33 @@ class AgentConfig:
     credentials_dir: str | None = None
     writes: tuple[str, ...] | None = None
     sync: SyncConfig | None = None
+    mcp_servers: tuple[McpServer, ...] = ()
     path: Path | None = None
 
-    def argv(self) -> list[str]:
-        """The agent command's argv with ``{model}`` replaced.
+    @property
+    def bridged_servers(self) -> list[str]:
+        """The names of the ``via: bridge`` servers (each one line in the CLI index)."""
+        return [s.name for s in self.mcp_servers if s.via == VIA_BRIDGE]
+
+    @property
+    def direct_servers(self) -> list[McpServer]:
+        """The ``via: mcp`` servers, handed to the agent command in its MCP config file."""
+        return [s for s in self.mcp_servers if s.via == VIA_MCP]
+
+    @property
+    def uses_mcp_config(self) -> bool:
+        """Whether a word of ``agent_command`` holds ``{mcp_config}``."""
+        return any(MCP_CONFIG in arg for arg in self.agent_command or ())
+
+    def argv(self, mcp_config: str | os.PathLike[str] | None = None) -> list[str]:
+        """The agent command's argv with ``{model}`` and ``{mcp_config}`` replaced.
+
+        Args:
+            mcp_config: the path of the attempt's MCP config file, for ``{mcp_config}``.
 
         Raises:
-            ConfigError: no ``agent_command``, or ``{model}`` used while ``model`` is null.
+            ConfigError: no ``agent_command``, ``{model}`` used while ``model`` is null, or
+                ``{mcp_config}`` used without a file.
         """
         if not self.agent_command:
             raise ConfigError(f"{self.path}: agent_command is not set: the runner has no command "
@@ -105,6 +151,11 @@ class AgentConfig:
                     raise ConfigError(
                         f"{self.path}: agent_command uses {{model}} but model is null")
                 arg = arg.replace("{model}", self.model)
+            if MCP_CONFIG in arg:
+                if mcp_config is None:
+                    raise ConfigError(f"{self.path}: agent_command uses {MCP_CONFIG} but no MCP "
+                                      "config file was written")
+                arg = arg.replace(MCP_CONFIG, os.fspath(mcp_config))
             out.append(arg)
         return out
 
@@ -171,12 +222,71 @@ def _sync(data: dict[str, Any], where: str) -> SyncConfig | None:
     return SyncConfig(branch=branch, remote=remote)
 
 
+def _mcp_servers(data: dict[str, Any], where: str) -> tuple[McpServer, ...]:
+    """``mcp_servers: {NAME: {"via": ..., "command": [...], "env": {...}, "cwd": ...}}`` or null.
+
+    Raises:
+        ConfigError: not that shape (names the server and the key).
+    """
+    value = _want(data, "mcp_servers", (dict,), where)
+    out = []
+    for name, spec in sorted((value or {}).items()):
+        at = f"{where}: mcp_servers.{name}"
+        if not _SERVER_NAME.match(name):
+            raise ConfigError(f"{at}: a server name is 1 to 64 letters, digits, '_' or '-'")
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{at}: expected an object")
+        unknown = set(spec) - {"via", "command", "env", "cwd"}
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+        via = spec.get("via") or VIA_MCP
+        if via not in (VIA_MCP, VIA_BRIDGE):
+            raise ConfigError(f"{at}.via: expected mcp or bridge, got {via!r}")
+        command = spec.get("command")
+        if not (isinstance(command, list) and command
+                and all(isinstance(w, str) for w in command) and command[0].strip()):
+            raise ConfigError(f"{at}.command: expected a non-empty list of strings")
+        env = spec.get("env") or {}
+        if not (isinstance(env, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise ConfigError(f"{at}.env: expected an object of strings")
+        cwd = spec.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ConfigError(f"{at}.cwd: expected a string or null")
+        out.append(McpServer(name, via, tuple(command), dict(env), cwd or None))
+    return tuple(out)
+
+
+def _check_mcp(config: AgentConfig, where: str) -> AgentConfig:
+    """Refuse MCP servers the agent could not reach.
+
+    Raises:
+        ConfigError: ``via: bridge`` servers without the ``mcp-bridge`` skill, or ``via: mcp``
+            servers while ``agent_command`` has no ``{mcp_config}`` (their tools would be
+            dropped without a word).
+    """
+    bridged = config.bridged_servers
+    if bridged and BRIDGE_SKILL not in config.skills:
+        raise ConfigError(f"{where}: mcp_servers: {', '.join(bridged)} are via: bridge but "
+                          f"skills has no {BRIDGE_SKILL} (the CLI that reaches them)")
+    direct = [s.name for s in config.direct_servers]
+    if direct and config.agent_command and not config.uses_mcp_config:
+        raise ConfigError(
+            f"{where}: agent_command has no {MCP_CONFIG}, so the MCP server(s) "
+            f"{', '.join(direct)} (via: mcp) would never reach the agent: add the agent CLI's "
+            f"option with {MCP_CONFIG} to agent_command (for claude: \"--mcp-config\", "
+            f"\"{MCP_CONFIG}\"), or declare the servers via: bridge")
+    return config
+
+
 def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
                      path: Path | None = None) -> AgentConfig:
     """Validate parsed config data.
 
     Raises:
-        ConfigError: a missing required key or a value of the wrong type (names the key).
+        ConfigError: a missing required key or a value of the wrong type (names the key), or
+            MCP servers the agent could not reach (``via: bridge`` without the ``mcp-bridge``
+            skill; ``via: mcp`` while ``agent_command`` has no ``{mcp_config}``).
     """
     skills = _want(data, "skills", (list,), where) or []
     command = _want(data, "agent_command", (list,), where)
@@ -203,7 +313,7 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
             compile_scope(writes)
         except ScopeError as exc:
             raise ConfigError(f"{where}: writes: {exc}") from None
-    return AgentConfig(
+    return _check_mcp(AgentConfig(
         agent=_want(data, "agent", (str,), where, required=True),
         role=_want(data, "role", (str,), where) or "",
         prompt=_want(data, "prompt", (str,), where, required=True),
@@ -219,8 +329,9 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
         credentials_dir=credentials_dir,
         writes=tuple(writes) if writes is not None else None,
         sync=_sync(data, where),
+        mcp_servers=_mcp_servers(data, where),
         path=path,
-    )
+    ), where)
 
 
 def load_config(path: Path) -> AgentConfig:

@@ -12,8 +12,10 @@ For each message, oldest first, one at a time:
    sync the working repository (:mod:`fleet_runner.reposync`: a person's uncommitted changes
    or a conflict end the task here as ``refused``, escalated, never run); snapshot the
    workspace once per task (the baseline, kept across restarts);
-3. for attempt 1 .. ``max_retries + 1``: build the prefix and the task prompt, run the agent
-   command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
+3. for attempt 1 .. ``max_retries + 1``: build the prefix (with a CLI-index line per
+   ``via: bridge`` MCP server) and the task prompt, write the attempt's MCP config file for the
+   ``via: mcp`` servers when ``agent_command`` asks for it (:mod:`fleet_runner.mcpconfig`), run
+   the agent command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
    snapshot, write the ledger line, then either stop at once on a permission denial or run
    every gate and write the run record; a pass finishes the task;
 4. when the last attempt failed: escalate through notify (task, failed verifications, last
@@ -42,6 +44,7 @@ from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
 from fleet_runner.invoke import kill_stale_group, process_start_ticks, reap_orphans, run_in_group
 from fleet_runner.ledger import ledger_record, parse_usage
+from fleet_runner.mcpconfig import write_mcp_config
 from fleet_runner.paths import AgentPaths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.progress import FINISHED, INTERRUPTED, RUNNING, TaskProgress
@@ -416,11 +419,19 @@ class Runner:
         """Run attempt ``n``; return ``"pass"``, ``"fail"``, ``"denied"`` or ``"stopped"``."""
         message, config, progress = task.message, task.config, task.progress
         run = f"{message.id}/{n}"
+        mcp_config = None
         try:
-            argv = config.argv()
-            prefix = build_prefix(config.prompt, config.skills, task.release / "skills")
+            if config.uses_mcp_config:
+                # The via-mcp servers, for the agent CLI (mcpconfig.py); env values stay in it.
+                mcp_config = write_mcp_config(task.dir / f"attempt-{n}.mcp.json",
+                                              config.direct_servers, self.paths.workspace)
+            argv = config.argv(mcp_config=mcp_config)
+            prefix = build_prefix(config.prompt, config.skills, task.release / "skills",
+                                  bridged_servers=config.bridged_servers)
         except (ConfigError, PrefixError) as exc:
             raise RunnerError(str(exc)) from None
+        except OSError as exc:
+            raise RunnerError(f"cannot write the MCP config file: {exc}") from None
         previous = progress.attempts[-1] if progress.attempts else None
         failed_gates = [gates.GateResult(g["name"], gates.FAIL, g["summary"], g.get("output", ""))
                         for g in (previous or {}).get("failed_gates", [])]

@@ -12,8 +12,9 @@ The runner itself sends three text components, kept apart so each can be measure
     one line per skill: its name and the ``summary:`` from the front matter of its ``SKILL.md``.
 ``cli_index``
     one line per CLI in ``skills/<name>/bin/``: its name, its skill, and how to get its usage
-    (``<cli> --help``); and one line per MCP server reached through the ``mcp-bridge`` CLI.
-    Usage itself is not in the prefix: it costs nothing until asked for.
+    (``<cli> --help``); and one line per MCP server reached through the ``mcp-bridge`` CLI (a
+    role's ``via: bridge`` servers), in name order. Usage itself is not in the prefix: it costs
+    nothing until asked for.
 
 The text (:attr:`Prefix.text`) is the non-empty components joined by one blank line, in that
 order. The skills directory has the same layout in the blueprint (``blueprint/skills``) and in a
@@ -333,8 +334,10 @@ def build_prefix(role_prompt: str, skills: Sequence[str], skills_dir: Path, *,
             usually :data:`SHELL_TOOL`; default ``None``, no shell tool.
         mcp_servers: the MCP servers the role declares, with their listed tools; default none.
         bridged_servers: MCP servers reached through the ``mcp-bridge`` CLI instead: each adds
-            one CLI-index line (``mcp-bridge SERVER --help``); needs the ``mcp-bridge`` skill in
-            ``skills``. Default none.
+            one CLI-index line (``mcp-bridge SERVER --help``), in name order whatever the order
+            given (the runner reads them from a JSON object whose keys are sorted, ``fleetctl
+            tokens`` from the role file: both get the same text); needs the ``mcp-bridge``
+            skill in ``skills``. Default none.
         model: the model, for the tool-use prompt's size; default ``None`` (the agent CLI's
             default model).
         tool_choice: ``auto`` (default), ``none``, ``any`` or ``tool``.
@@ -355,7 +358,8 @@ def build_prefix(role_prompt: str, skills: Sequence[str], skills_dir: Path, *,
     cli_lines = [f"- {cli} (skill {name}): `{cli} --help`"
                  for name in skills for cli in skill_clis(skills_dir / name)]
     cli_lines += [f"- {BRIDGE_SKILL} {server} (MCP server {server}, skill {BRIDGE_SKILL}): "
-                  f"`{BRIDGE_SKILL} {server} --help`" for server in bridged_servers]
+                  f"`{BRIDGE_SKILL} {server} --help`"
+                  for server in sorted(dict.fromkeys(bridged_servers))]
     components = {
         "role_prompt": role_prompt.rstrip(),
         "skills_index": ("Skills you can use:\n" + "\n".join(skill_lines)) if skill_lines else "",
