@@ -117,8 +117,9 @@ def render_credentials(blueprint: Blueprint, host: Host,
                 digest = sha256_digest(data)
                 tree.secrets[digest] = Secret(data)
                 tree.files[path] = (agent.name, grant.capability)
+                # No size: a credential is known by its digest alone (records, reports).
                 tree.entries.append(Entry(path, FILE, mode=FILE_MODE, owner=agent.owner,
-                                          size=len(data), digest=digest))
+                                          digest=digest))
     return tree
 
 

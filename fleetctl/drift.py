@@ -138,4 +138,8 @@ def compare(desired: Manifest, live: Manifest, shipped: Manifest | None,
 
 
 def _ignored(ignore: pathspec.PathSpec, path: str, entry: Entry | None) -> bool:
+    # .fleetignore is for the release tree's runtime files; nothing under credentials/ may hide
+    # from drift (ship removes what no grant renders, whatever its name).
+    if path == "credentials" or path.startswith("credentials/"):
+        return False
     return ignore.match_file(path + "/" if entry is not None and entry.type == "dir" else path)

@@ -168,8 +168,11 @@ def parse_owner(owner, step, path):
 
 def file_digest(path):
     h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0))
+    # O_NONBLOCK: a FIFO swapped in after the lstat must not hang the scan (and the host lock).
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EAGAIN, "changed while it was scanned (no longer a file)")
         while True:
             block = os.read(fd, CHUNK_BYTES)
             if not block:
@@ -311,9 +314,26 @@ def record_path(root, release):
     return os.path.join(root, enc(STATE_DIR), b"releases", release + b".json")
 
 
+def creds_record_path(root, release):
+    return os.path.join(root, enc(STATE_DIR), b"releases", release + b".credentials.json")
+
+
 def load_record(root, release):
-    """Return the manifest list of a release's record; ValueError if it is not one."""
-    with open(record_path(root, release), "rb") as fh:
+    """Return the manifest list of a release's record (with its credentials part when there is
+    one); ValueError if it is not one. A credentials part this account cannot read is left out:
+    the credential files themselves are then unreadable too, and the scan says so."""
+    manifest = read_manifest(record_path(root, release))
+    side = creds_record_path(root, release)
+    if os.path.lexists(side):
+        try:
+            manifest = manifest + read_manifest(side)
+        except PermissionError:
+            pass
+    return manifest
+
+
+def read_manifest(path):
+    with open(path, "rb") as fh:
         record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
     manifest = record.get("manifest") if isinstance(record, dict) else None
     if not isinstance(manifest, list) or not all(
@@ -614,15 +634,33 @@ def verify(stage, desired):
 
 
 def write_record(root, release, desired, meta):
+    """Write the release's record (0644) and, when it has credentials, their part (0600).
+
+    The credential files' digests go to a side file only the shipping account can read: a
+    digest of a guessable secret (a short password in a public template) must not be readable by
+    every user of the host.
+    """
     state_dir = os.path.join(root, enc(STATE_DIR), b"releases")
     os.makedirs(state_dir, 0o755, exist_ok=True)
-    final = record_path(root, release)
-    tmp = final + b".tmp"
-    body = {"schema_version": RECORD_SCHEMA, "release": dec(release), "manifest": desired}
+    tree = [e for e in desired if not is_credential(e["path"])]
+    creds = [e for e in desired if is_credential(e["path"])]
+    if creds:
+        write_json(creds_record_path(root, release), {"schema_version": RECORD_SCHEMA,
+                                                      "release": dec(release),
+                                                      "manifest": creds}, 0o600)
+    body = {"schema_version": RECORD_SCHEMA, "release": dec(release), "manifest": tree}
     body.update(meta)
+    write_json(record_path(root, release), body, 0o644)
+
+
+def write_json(final, body, mode):
+    tmp = final + b".tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
     data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
+        os.fchmod(fd, mode)
         write_all(fd, data)
         os.fsync(fd)
     finally:
@@ -661,9 +699,9 @@ def prune(root, keep, current):
             continue
         # The record goes first: a half-removed release must never look like a rollback target.
         try:
-            record = record_path(root, name)
-            if os.path.lexists(record):
-                os.unlink(record)
+            for record in (record_path(root, name), creds_record_path(root, name)):
+                if os.path.lexists(record):
+                    os.unlink(record)
             force_rmtree(os.path.join(releases_dir, name))
             removed.append(dec(name))
         except OSError as exc:  # one stuck release must not stop the others being pruned
@@ -788,6 +826,12 @@ def ship_locked(root, command, state, scanned):
             step = "users"
             emit({"t": "step", "name": step})
             flush()
+            missing = [a for a in command["users"] if account_missing(a)]
+            if missing and state["current_kind"] in ("symlink", "foreign-symlink") and \
+                    not unchanged_since_scan(root, scanned, ignore):
+                # A refusal (exit 3) writes nothing: checked before accounts are created.
+                raise Stop(step, "changed", "the current release was edited during the ship; "
+                           "nothing was switched, run again to see the hand-patch")
             for account in command["users"]:
                 ensure_account(account)
         step = "assemble"
@@ -816,7 +860,7 @@ def ship_locked(root, command, state, scanned):
             step = "credentials"
             emit({"t": "step", "name": step})
             flush()
-            apply_credentials(root, creds, secrets, state.get("_creds") or [], ignore)
+            apply_credentials(root, creds, secrets, state.get("_creds") or [])
         step = "switch"
         emit({"t": "step", "name": step})
         flush()
@@ -895,6 +939,16 @@ def run_admin(argv, what, path):
                    % (what, argv[0], done.returncode, tail[0][:300]), path)
 
 
+def account_missing(account):
+    """Whether ensure_account would create anything for this account."""
+    try:
+        pwd.getpwnam(account["user"])
+        grp.getgrnam(account["group"])
+    except KeyError:
+        return True
+    return not os.path.lexists(account["home"])
+
+
 def ensure_account(account):
     """Create the agent's user, group and HOME (0700) when missing; leave existing ones alone.
 
@@ -938,42 +992,110 @@ def ensure_account(account):
         run_admin(["groupadd", "--system", group], "creating group " + group, "/etc/group")
         gid = grp.getgrnam(group).gr_gid
         emit({"t": "account", "user": user, "group_created": group})
-    if os.path.lexists(home) and not os.path.isdir(home):
-        raise Stop("users", "failed", "the HOME of %s exists and is not a directory" % user, home)
-    if not os.path.lexists(home):
+    try:
+        st = os.lstat(home)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        # A symlink too: its target would be chowned to the agent (here, and by the unit's
+        # install -d), and drift could never call the HOME a directory.
+        raise Stop("users", "failed", "the HOME of %s exists and is not a directory (a "
+                   "symlink or a file): move it aside" % user, home)
+    if st is None:
         if os.geteuid() != 0 and os.geteuid() != pw.pw_uid:
             raise Stop("users", "permission", root_needed % ("the HOME of " + user), home)
         parent = os.path.dirname(home.rstrip("/"))
         if parent and not os.path.isdir(parent):
             os.makedirs(parent, 0o755)
         os.mkdir(home, 0o700)
-        os.chown(home, pw.pw_uid, gid)
-        os.chmod(home, 0o700)
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, pw.pw_uid, gid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
         emit({"t": "account", "user": user, "home_created": home})
 
 
-def apply_credentials(root, wanted, secrets, scanned, ignore):
-    """Make ``<root>/credentials`` equal the wanted entries, file by file, never wider than 0600.
+def apply_credentials(root, wanted, secrets, scanned):
+    """Make ``<root>/credentials`` equal the wanted entries, never wider than 0600/0700.
 
-    Each changed file is written to a new file created 0600 (``O_EXCL``, owned by the agent
-    before the first byte), then renamed over the old one, so the old secret's file is gone
-    the moment the new one is in place; files and directories no longer wanted are removed.
-    All new files are written before any is renamed: a refusal while writing leaves every
-    credential as it was.
+    Each agent owns its directory, so first every existing agent directory is taken from it
+    (opened without following links, narrowed to 0700 and given to this account): from then on
+    nothing in it can change or be swapped under this program, and the re-check against the
+    scan is of a tree that stays put. Each changed file is then written to a new file created
+    0600 (``O_EXCL``, owned by the agent before the first byte) and renamed over the old one, so
+    the old secret's file is gone the moment the new one is in place; files no longer wanted are
+    removed; last, each directory is given (back) to its agent. All new files are written before
+    any is renamed: a refusal while writing leaves every credential as it was.
     """
-    now, problems = scan_credentials(root, emit_events=False)
-    kept = lambda entries: [e for e in entries if not is_ignored(ignore, e)]  # noqa: E731
-    if problems or manifest_digest(kept(now)) != manifest_digest(kept(scanned)):
-        raise Stop("credentials", "changed", "the credential files were edited during the "
-                   "ship; nothing was switched, run again to see the change")
-    live = dict((e["path"], e) for e in now)
+    top = os.path.join(root, CREDS_DIR)
+    held = {}  # path -> (fd, uid, gid, mode) as found, to give back whatever happens
+    try:
+        for entry in scanned:
+            if entry["type"] == "dir" and entry["path"].count("/") == 1:
+                held[entry["path"]] = take_dir(os.path.join(root, enc(entry["path"])))
+        now, problems = scan_credentials(root, emit_events=False)
+        for entry in now:  # the owner and mode the scan saw, not the ones taking them set
+            if entry["path"] in held:
+                _, uid, gid, mode = held[entry["path"]]
+                entry["owner"] = user_name(uid) + ":" + group_name(gid)
+                entry["mode"] = "%04o" % mode
+        if problems or manifest_digest(now) != manifest_digest(scanned):
+            raise Stop("credentials", "changed", "the credential files were edited during the "
+                       "ship; nothing was switched, run again to see the change")
+        write_credentials(root, top, wanted, secrets, now, held)
+    finally:
+        for path, (fd, uid, gid, mode) in held.items():
+            if fd is None:  # already given to its agent
+                continue
+            try:  # give back what this step did not finish; remove what it made
+                if uid is None:
+                    shutil.rmtree(os.path.join(root, enc(path)))
+                else:
+                    os.fchown(fd, uid, gid)
+                    os.fchmod(fd, mode)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def take_dir(path):
+    """Open an agent's credentials directory (never through a link) and hold it: 0700, owned
+    by this account. Returns ``(fd, uid, gid, mode)`` as found."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        os.fchmod(fd, mode & 0o700)
+        if st.st_uid != os.geteuid() or st.st_gid != os.getegid():
+            os.fchown(fd, os.geteuid(), os.getegid())
+    except OSError as exc:  # name the directory: an fd call's error has no file name
+        os.close(fd)
+        raise OSError(exc.errno, exc.strerror, path)
+    return fd, st.st_uid, st.st_gid, mode
+
+
+def owner_ids(entry):
+    if not entry.get("owner"):
+        return os.geteuid(), os.getegid()
+    return parse_owner(entry["owner"], "credentials", entry["path"])
+
+
+def write_credentials(root, top, wanted, secrets, live_list, held):
+    live = dict((e["path"], e) for e in live_list)
     want = dict((e["path"], e) for e in wanted)
 
     def remove(paths):
         for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
             full = os.path.join(root, enc(path))
             if live[path]["type"] == "dir":
-                force_rmtree(full)
+                if path in held:
+                    os.close(held.pop(path)[0])
+                # No force here: the agent owned these paths, and a chmod or retry by path
+                # could be turned against another file. shutil.rmtree never follows a link.
+                shutil.rmtree(full)
             elif os.path.lexists(full):
                 os.unlink(full)
         for path in list(live):
@@ -983,34 +1105,33 @@ def apply_credentials(root, wanted, secrets, scanned, ignore):
     # In the way of what is wanted: a path of another type, a leftover of an interrupted ship.
     remove([p for p, e in live.items() if (p in want and want[p]["type"] != e["type"]) or
             os.path.basename(enc(p)).startswith(CREDS_NEW)])
-    for entry in sorted((e for e in wanted if e["type"] == "dir"), key=lambda e: e["path"].count("/")):
-        full = os.path.join(root, enc(entry["path"]))
-        uid, gid = parse_owner(entry["owner"], "credentials", entry["path"]) if entry.get(
-            "owner") else (-1, -1)
-        mode = int(entry["mode"], 8)
-        if entry["path"] not in live:
+    top_entry = want.get(dec(CREDS_DIR))
+    if top_entry is not None:
+        if dec(CREDS_DIR) not in live:
+            os.mkdir(top, 0o700)
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & int(top_entry["mode"], 8))
+            os.fchown(fd, *owner_ids(top_entry))
+            os.fchmod(fd, int(top_entry["mode"], 8))
+        finally:
+            os.close(fd)
+    for entry in (e for e in wanted if e["type"] == "dir" and e["path"].count("/") == 1):
+        if entry["path"] not in held:  # a new agent directory: this account's until the end
+            full = os.path.join(root, enc(entry["path"]))
             os.mkdir(full, 0o700)
-        else:
-            os.chmod(full, stat.S_IMODE(os.lstat(full).st_mode) & mode)  # narrow before chown
-        os.chown(full, uid, gid)
-        os.chmod(full, mode)
+            fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            held[entry["path"]] = (fd, None, None, None)  # made here: removed on failure
     staged = []
     try:
         for entry in (e for e in wanted if e["type"] == "file"):
             full = os.path.join(root, enc(entry["path"]))
-            uid, gid = parse_owner(entry["owner"], "credentials", entry["path"]) if entry.get(
-                "owner") else (-1, -1)
+            uid, gid = owner_ids(entry)
             mode = int(entry["mode"], 8)
             have = live.get(entry["path"])
             if have is not None and have.get("digest") == entry["digest"]:
                 if have.get("mode") != entry["mode"] or have.get("owner") != entry.get("owner"):
-                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-                    try:
-                        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & mode)
-                        os.fchown(fd, uid, gid)
-                        os.fchmod(fd, mode)
-                    finally:
-                        os.close(fd)
+                    fix_file(full, uid, gid, mode, entry["path"])
                 continue
             head, name = os.path.split(full)
             tmp = os.path.join(head, CREDS_NEW + name)
@@ -1039,12 +1160,34 @@ def apply_credentials(root, wanted, secrets, scanned, ignore):
         os.rename(tmp, full)
     # What is no longer wanted goes now: a revoked secret does not outlive the ship revoking it.
     remove([p for p in live if p not in want])
-    for entry in wanted:
-        if entry["type"] == "dir":
-            try:
-                fsync_dir(os.path.join(root, enc(entry["path"])))
-            except OSError:
-                pass
+    for path, (fd, _uid, _gid, _mode) in list(held.items()):
+        entry = want.get(path)
+        if entry is None:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        # Given to its agent last: its contents are complete and checked by now.
+        os.fchown(fd, *owner_ids(entry))
+        os.fchmod(fd, int(entry["mode"], 8))
+        os.close(fd)
+        held[path] = (None, 0, 0, 0)
+
+
+def fix_file(full, uid, gid, mode, path):
+    """Owner and mode of a credential file whose content is right, through its own fd."""
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise Stop("credentials", "changed", "a credential file is no longer a plain file "
+                       "with one link; nothing was switched, run again", path)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def cleanup(stage, blob_dir, root, release):
@@ -1053,7 +1196,8 @@ def cleanup(stage, blob_dir, root, release):
             force_rmtree(path)
         except OSError:
             pass
-    for record in (record_path(root, release), record_path(root, release) + b".tmp"):
+    for record in (record_path(root, release), record_path(root, release) + b".tmp",
+                   creds_record_path(root, release), creds_record_path(root, release) + b".tmp"):
         try:
             os.unlink(record)
         except OSError:

@@ -57,7 +57,8 @@ class AgentSpec(BaseModel):
     def _absolute_home(cls, value: str | None) -> str | None:
         # /etc/passwd is colon-separated lines and the unit file reads whitespace and % itself:
         # a HOME carrying one would be misread, so only plain path characters pass.
-        if value is not None and (not _HOME.match(value) or value.rstrip("/") == ""):
+        if value is not None and (not _HOME.match(value) or value.rstrip("/") == "" or
+                                  ".." in value.split("/")):
             raise ValueError("must be an absolute path on the host (not /) of letters, digits "
                              f"and / . _ + @ -, got {value!r}")
         return value
@@ -303,6 +304,13 @@ def load_inventory(path: Path, roles: set[str] | None = None,
                                   f"{same.name}'s, with group {same.group} and HOME {same.home}: "
                                   "agents sharing a user must agree on group: and home:",
                                   hint="better: give each agent a user of its own")
+            # Two users under one HOME would each own the other's files.
+            for other in agents:
+                if agent.user and other.user and other.user != agent.user and \
+                        _overlap(agent.home or "", other.home or ""):
+                    raise input_error(path, node, [*key, "home"], f"HOME {agent.home} of user "
+                                      f"{agent.user} overlaps HOME {other.home} of user "
+                                      f"{other.user} (agent {other.name})")
             agents.append(agent)
         identity = pick("identity_file")
         known = pick("known_hosts")
@@ -326,6 +334,11 @@ def load_inventory(path: Path, roles: set[str] | None = None,
             secrets=store,
         ))
     return Inventory(path=path, hosts=tuple(hosts))
+
+
+def _overlap(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def _grant(path: Path, node: Any, key: list[Any], capability: str, spec: GrantSpec, role: str,

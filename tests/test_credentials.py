@@ -375,8 +375,15 @@ def test_planted_secrets_appear_in_no_output_report_file_or_trace(fleet, isolate
                     fleet.root / ".fleetctl", fleet.root / "releases"):
             assert grep_tree(top, value.encode()) == [], (top, value[:8])
     assert not (fleet.tmp / "rendered" / "credentials").exists()
-    records = list((fleet.root / ".fleetctl" / "releases").glob("*.json"))
-    assert records and all("credentials/a/tok.env" in r.read_text() for r in records)
+    # Credential digests live in root-only side records, never in the 0644 release records.
+    records = (fleet.root / ".fleetctl" / "releases")
+    side = list(records.glob("*.credentials.json"))
+    main = [r for r in records.glob("*.json") if r not in side]
+    assert side and main and len(side) == len(main)
+    assert all(stat.S_IMODE(os.lstat(r).st_mode) == 0o600 and "credentials/a/tok.env" in r.read_text()
+               for r in side)
+    assert all(stat.S_IMODE(os.lstat(r).st_mode) == 0o644 and "credentials/" not in r.read_text()
+               for r in main)
 
 
 # -- over SSH ---------------------------------------------------------------------------------
@@ -529,3 +536,101 @@ def test_a_secret_that_cannot_be_resolved_names_the_grant_and_its_source(fleet):
     assert run.code == 2
     assert "inv.yaml:" in run.stdout and "hosts.h.agents.a.grants.tok" in run.stdout
     assert "environment variable TOK_GONE" in run.stdout
+
+
+def test_homes_of_different_users_may_not_overlap_or_climb(fleet):
+    agents = {"a": {"role": "worker", "user": fleet.a, "home": "/srv/agents/a"},
+              "b": {"role": "worker", "user": fleet.b, "home": "/srv/agents/a/b"}}
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+    run = fleet.run("drift")
+    assert run.code == 2 and "hosts.h.agents.b.home" in run.stderr and "overlaps" in run.stderr
+    agents["b"]["home"] = "/srv/agents/../b"
+    write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+    run = fleet.run("drift")
+    assert run.code == 2 and "hosts.h.agents.b.home" in run.stderr
+
+
+def test_a_home_that_is_a_symlink_stops_the_ship_and_its_target_is_untouched(fleet, tmp_path):
+    target = Path(tempfile.mkdtemp(prefix="fleetctl-victim-"))
+    try:
+        os.chmod(target, 0o755)
+        home = Path(tempfile.mkdtemp(prefix="fleetctl-homes-")) / "h"
+        home.symlink_to(target)
+        fleet.secret("TOK_A")
+        write_inventory(fleet.inv, {"h": local_host(fleet.root, {
+            "a": {"role": "worker", "user": fleet.a, "home": str(home), "grants": tok("TOK_A")}})})
+        run = fleet.run("ship", "--yes", "--format", "json")
+        host = run.host("h")
+        assert run.code == 2 and host["step"] == "users" and "not a directory" in host["error"]
+        st = os.lstat(target)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+        assert not (fleet.root / "current").exists()
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_what_an_agent_plants_in_its_own_directory_is_seen_and_never_followed(fleet):
+    """The agent owns credentials/<agent>/: links and subdirectories it plants there show in
+    drift (``.fleetignore`` does not apply under credentials/), are refused without --force,
+    and a forced ship replaces them without following any link or touching its target."""
+    (fleet.bp / ".fleetignore").write_text("__pycache__/\n*.pyc\n")
+    from tests.helpers import git as run_git
+
+    run_git(fleet.bp, "add", "-A")
+    run_git(fleet.bp, "commit", "-q", "-m", "ignore")
+    value = fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    victim_dir = Path(tempfile.mkdtemp(prefix="fleetctl-victim-"))
+    try:
+        victim = victim_dir / "shadow"
+        victim.write_text("root's file\n")
+        os.chmod(victim, 0o640)
+        agent_dir = fleet.root / "credentials" / "a"
+        uid = pwd.getpwnam(fleet.a).pw_uid
+        (agent_dir / "tok.env").unlink()
+        os.symlink(victim, agent_dir / "tok.env")  # as if the agent did it
+        os.lchown(agent_dir / "tok.env", uid, uid)
+        (agent_dir / "__pycache__" / "d").mkdir(parents=True)
+        (agent_dir / "__pycache__" / "d" / "f.pyc").write_text("x")
+        os.symlink(victim_dir, agent_dir / "link-to-dir")
+        drift = fleet.run("drift", "--format", "json")
+        paths = {c["path"]: (c["change"], c["origin"]) for c in drift.host("h")["changes"]}
+        assert paths["credentials/a/tok.env"] == ("type", "hand-patch")
+        assert paths["credentials/a/__pycache__/d/f.pyc"][0] == "extra"
+        assert paths["credentials/a/link-to-dir"][0] == "extra"
+        assert fleet.run("ship", "--yes").code == 3
+        forced = fleet.run("ship", "--yes", "--force")
+        assert forced.code == 0, forced.stdout
+        assert sorted(os.listdir(agent_dir)) == ["tok.env"]
+        assert (agent_dir / "tok.env").read_bytes() == token_file(value)
+        assert victim.read_text() == "root's file\n" and stat.S_IMODE(os.lstat(victim).st_mode) == 0o640
+        assert os.lstat(victim).st_uid == 0 and sorted(os.listdir(victim_dir)) == ["shadow"]
+        st = os.lstat(agent_dir)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)  # given back to the agent
+    finally:
+        shutil.rmtree(victim_dir, ignore_errors=True)
+
+
+def test_a_fifo_swapped_in_never_hangs_the_scan():
+    """The host-side hash opens without blocking and refuses what is no longer a plain file."""
+    from fleetctl import hostside
+
+    top = Path(tempfile.mkdtemp(prefix="fleetctl-fifo-"))
+    try:
+        os.mkfifo(top / "f")
+        done = {}
+
+        def digest():
+            try:
+                hostside.file_digest(os.fsencode(top / "f"))
+            except OSError as exc:
+                done["error"] = exc
+
+        thread = threading.Thread(target=digest, daemon=True)
+        thread.start()
+        thread.join(5)
+        assert not thread.is_alive() and "error" in done
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
