@@ -3,6 +3,7 @@ checks, and the gate end to end (it runs beside a failing check, is recorded, fe
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
 
+from fleet_runner import reposync  # noqa: E402
 from fleet_runner.config import ConfigError, config_from_data  # noqa: E402
 from fleet_runner.scope import ScopeError, compile_scope  # noqa: E402
 
 from tests.test_runner import FAKES, make_fleet  # noqa: E402, F401  (a fixture)
+from tests.test_runner_sync import SYNC, do, git, repos  # noqa: E402, F401  (a fixture)
 
 CASES = [
     # pattern(s), path, in scope
@@ -56,6 +59,18 @@ CASES = [
     (["trailing   "], "trailing", True),
     (["a\\*b"], "a*b", True),
     (["a\\*b"], "axb", False),
+    # a git directory is in scope only through a pattern naming .git
+    (["**"], ".git/config", False),
+    (["*"], ".git/hooks/post-merge", False),
+    (["*", "!*.lock"], ".git/hooks/pre-commit", False),
+    (["vendor/"], "vendor/lib/.git/hooks/pre-commit", False),
+    (["vendor/"], "vendor/lib/src.c", True),
+    ([".git/hooks/"], ".git/hooks/pre-commit", True),
+    ([".git/hooks/"], ".git/config", False),
+    (["vendor/*/.git/"], "vendor/lib/.git/HEAD", True),
+    (["**/.git/**"], "a/b/.git/config", True),
+    (["**/.git/**", "!.git/hooks/"], ".git/hooks/x", False),
+    (["src/"], "src/.git", False),  # a file named .git (a submodule's gitfile) too
 ]
 
 
@@ -124,3 +139,79 @@ def test_a_spent_budget_names_the_scope_in_the_escalation(make_fleet):
     [notice] = fleet.notices()
     assert notice["kind"] == "gave-up" and "scope: 1 path(s) changed outside" in notice["reason"]
     assert "hello.py (added)" in notice["detail"]
+
+
+# -- git directories and commits ------------------------------------------------------------
+
+def test_writes_to_git_hooks_config_and_nested_repositories_fail_the_scope_gate(
+        make_fleet, repos, tmp_path):
+    ran = tmp_path / "hook-ran"
+    fleet = make_fleet("gitwork", role={**SYNC, "writes": ["src/", "vendor/"]})
+    ws = repos.clone(fleet.workspace)
+    fleet.drop("g1", kind="agent", channel=None, text=do(
+        "write src/ok.py ok", f"hook post-merge {ran}", f"hook post-checkout {ran}",
+        "git config fleet.planted yes",
+        "write vendor/lib/.git/config [core]", "write vendor/lib/main.c int x;"))
+    assert fleet.run().returncode == 0
+    scope = fleet.gate("g1", 1, "scope")
+    assert scope["status"] == "fail"
+    # src/ok.py and vendor/lib/main.c are in scope; vendor/ does not cover vendor/lib/.git/
+    assert scope["details"]["outside"] == [
+        ".git/config (modified)", ".git/hooks/post-checkout (added)",
+        ".git/hooks/post-merge (added)", "vendor/lib/.git/config (added)"]
+    assert "only through a pattern naming .git" in scope["output"]
+    assert fleet.where("g1") == ["failed"]
+    # The runner's next sync fast-forwards: the hook the agent planted does not run in it.
+    repos.push("docs/news.md", "news\n")
+    fleet.drop("g2", kind="agent", channel=None, text=do("write src/more.py more"))
+    assert fleet.run().returncode == 0
+    sync = json.loads((fleet.state / "runs" / "g2" / "progress.json").read_text())["sync"]
+    assert sync["status"] == "synced" and sync["action"] == "fast-forward"
+    assert (ws / "docs" / "news.md").exists() and not ran.exists()
+
+
+def test_a_commit_that_leaves_the_work_tree_as_it_was_is_still_judged(make_fleet, repos):
+    fleet = make_fleet("gitwork", role={"writes": ["src/"]})  # a repository, not synced
+    ws = repos.clone(fleet.workspace)
+    start = git(ws, "rev-parse", "HEAD")
+    fleet.drop("c1", kind="agent", channel=None,
+               text=do("commit src/ok.py ok", "sneak notes/secret.txt s3cret"))
+    assert fleet.run().returncode == 0
+    # The branch holds notes/secret.txt; the work tree has no trace of it.
+    assert git(ws, "show", "HEAD:notes/secret.txt") == "s3cret"
+    assert not (ws / "notes").exists()
+    record = fleet.record("c1", 1)
+    assert record["changes"]["added"] == ["src/ok.py"]
+    scope = fleet.gate("c1", 1, "scope")
+    assert scope["status"] == "fail" and scope["details"]["committed"] == 2
+    assert scope["details"]["outside"] == ["notes/secret.txt (committed)"]
+    assert f"task started from {start[:12]}" in scope["output"]
+    assert fleet.where("c1") == ["failed"]
+
+
+def test_committed_paths_follow_head_and_the_branch_it_left(repos, tmp_path):
+    ws = repos.clone(tmp_path / "ws")
+    start = git(ws, "rev-parse", "HEAD")
+    assert reposync.committed_paths(ws, start, "main") == []
+    (ws / "new.txt").write_text("n\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "two")
+    git(ws, "mv", "README", "README.md")
+    git(ws, "commit", "-q", "-m", "rename")
+    assert reposync.committed_paths(ws, start, "main") == [
+        "README", "README.md", "new.txt"]  # both sides of a rename
+    # HEAD detached back at the start: what the branch holds still counts.
+    git(ws, "checkout", "-q", "--detach", start)
+    assert reposync.committed_paths(ws, start, "main") == ["README", "README.md", "new.txt"]
+    # The branch moved to a commit that does not descend from the start: every file differing.
+    git(ws, "checkout", "-q", "--orphan", "other")
+    git(ws, "rm", "-rq", "--cached", ".")
+    (ws / "only.txt").write_text("o\n")
+    git(ws, "add", "only.txt")
+    git(ws, "commit", "-q", "-m", "unrelated")
+    git(ws, "branch", "-f", "main", "HEAD")
+    assert reposync.committed_paths(ws, start, "main") == ["README", "only.txt"]
+    # A repository with no commit at the start: every file committed since.
+    assert reposync.committed_paths(ws, None, None) == ["only.txt"]
+    with pytest.raises(reposync.GitError):
+        reposync.committed_paths(ws, "0" * 40, None)

@@ -7,9 +7,13 @@ ever drops the stash it made."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -18,8 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
 
 from fleet_runner import reposync  # noqa: E402
+from fleet_runner.config import SyncConfig  # noqa: E402
+from fleet_runner.loop import SYNC_FETCH_ATTEMPTS  # noqa: E402
 
-from tests.test_runner import make_fleet  # noqa: E402, F401  (a fixture)
+from tests.test_runner import FAKES, make_fleet  # noqa: E402, F401  (a fixture)
 
 SYNC = {"sync": {"remote": "origin", "branch": "main"}}
 
@@ -256,3 +262,136 @@ def test_the_runner_drops_only_the_stash_it_made(repos, tmp_path):
     assert [line.split()[0] for line in _stashes(ws)] == [theirs]
     assert reposync.stash_own(ws, "nothing to stash") is None  # a clean tree: no stash made
     assert [line.split()[0] for line in _stashes(ws)] == [theirs]
+
+
+# -- a sync cut short, a fetch that fails for a while, a git failure after the stash ---------
+
+@pytest.mark.parametrize("hold", ["rebase", "stash apply"])
+def test_a_crash_in_the_runner_s_own_sync_is_undone_and_the_sync_redone(
+        make_fleet, repos, tmp_path, hold):
+    """Killed (with its git) in the middle of its rebase, or after it but before applying
+    the previous task's stashed leftovers back: the restarted runner undoes its own half-done
+    sync, syncs again, and runs the task."""
+    fleet = make_fleet("gitwork", role=SYNC)
+    ws = repos.clone(fleet.workspace)
+    fleet.drop("t1", kind="agent", channel=None,
+               text=do("commit src/feature.py y = 2", "write wip.txt half done"))
+    assert fleet.run().returncode == 0
+    before = git(ws, "rev-parse", "HEAD")
+    later = repos.push("docs/later.md", "later\n")  # diverged: t2's sync rebases
+    fleet.drop("t2", kind="agent", channel=None, text=do("write more.txt more"))
+    held = tmp_path / "held"
+    fleet.extra_env = {"PATH": f"{FAKES / 'gitshim'}{os.pathsep}{os.environ['PATH']}",
+                       "FAKE_GIT_HOLD": hold, "FAKE_GIT_HELD": str(held)}
+    runner = subprocess.Popen(fleet.argv("--once"), env=fleet.env(), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not held.exists() and time.monotonic() < deadline and runner.poll() is None:
+            time.sleep(0.05)
+        assert held.exists(), runner.communicate(timeout=5)
+        assert len(_stashes(ws)) == 1 and not (ws / "wip.txt").exists()  # stashed
+        assert (ws / ".git" / "rebase-merge").is_dir() is (hold == "rebase")
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)  # the runner and its git: no cleanup at all
+        runner.communicate()
+    fleet.extra_env = None  # the real git again
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("t2") == ["done"] and fleet.notices() == []
+    sync = _progress(fleet, "t2")["sync"]
+    assert sync["status"] == "synced" and sync["action"] == "rebase", sync
+    assert (sync["stash"] or {}).get("state") == "applied"  # its leftovers were not lost
+    assert sync["recovered"].startswith("the sync cut short by a runner restart was undone")
+    assert sync["before"] == before
+    seen = fleet.events("head")[-1]
+    assert seen["task"] == "t2" and seen["status"] == "?? wip.txt"
+    assert {"docs/later.md", "src/feature.py", "wip.txt"} <= set(seen["files"])
+    git(ws, "merge-base", "--is-ancestor", later, "HEAD")
+    assert _stashes(ws) == [] and not (ws / ".git" / "rebase-merge").exists()
+    assert not (fleet.state / "sync-in-progress.json").exists()
+
+
+def _deferrals(fleet, task: str) -> list[dict]:
+    path = fleet.state / "runs" / task / "progress.json"
+    return json.loads(path.read_text())["sync_deferred"] if path.exists() else []
+
+
+def _until(predicate, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_failed_fetch_puts_the_task_back_and_is_tried_a_bounded_number_of_times(
+        make_fleet, repos):
+    fleet = make_fleet("gitwork", role=SYNC)
+    ws = repos.clone(fleet.workspace)
+    away = repos.remote.with_name("away.git")
+    repos.remote.rename(away)  # the remote cannot be reached for a while
+    fleet.drop("f1", kind="agent", channel=None, text=do("write x.txt x"))
+    done = fleet.run()
+    assert done.returncode == 0
+    assert fleet.where("f1") == ["inbox"] and fleet.events("start") == []
+    assert fleet.notices() == []
+    progress = _progress(fleet, "f1")
+    assert progress["sync"] is None and progress["final"] is None
+    [deferred] = progress["sync_deferred"]
+    assert "git fetch origin main failed" in deferred["summary"]
+    assert "does not appear to be a git repository" in deferred["detail"]
+    assert "back in the inbox, tried again in 60 s (failed fetch 1 of at most 5)" in done.stderr
+    # A serving runner waits, then tries again (not a --once run: its wait is in memory).
+    runner = fleet.start("--sync-retry-s", "0.02")
+    try:
+        _until(lambda: len(_deferrals(fleet, "f1")) >= 3)
+        second, third = (datetime.strptime(t["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                         for t in _deferrals(fleet, "f1")[1:3])
+        assert (third - second).total_seconds() >= 0.04  # it waited before trying again
+        away.rename(repos.remote)  # reachable again: the next try runs it
+        news = repos.push("docs/news.md", "news\n")
+        _until(lambda: fleet.where("f1") == ["done"])
+        assert _progress(fleet, "f1")["sync"]["status"] == "synced"
+        assert fleet.events("head")[0]["head"] == news
+        # Unreachable for good: refused and escalated at the last try, not before.
+        repos.remote.rename(away)
+        fleet.drop("f2", kind="agent", channel=None, text=do("write y.txt y"))
+        _until(lambda: fleet.where("f2") == ["failed"])
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        _, err = runner.communicate(timeout=10)
+    assert "tried again in 0.04 s (failed fetch 2 of at most 5)" in err
+    assert "tried again in 0.16 s (failed fetch 4 of at most 5)" in err
+    assert len(_deferrals(fleet, "f2")) == SYNC_FETCH_ATTEMPTS
+    assert len(fleet.events("start")) == 1
+    [notice] = fleet.notices()
+    assert notice["task"] == "f2" and notice["kind"] == "refused"
+    assert f"({SYNC_FETCH_ATTEMPTS} times" in notice["reason"]
+    # f1's leftover was stashed and applied back at each try: still there, no stash left.
+    assert git(ws, "status", "--porcelain") == "?? x.txt" and _stashes(ws) == []
+
+
+def test_a_git_failure_after_the_runner_stashed_puts_its_work_back(repos, tmp_path,
+                                                                    monkeypatch):
+    ws = repos.clone(tmp_path / "ws")
+    (ws / "wip.txt").write_text("half\n")
+    (ws / "README").write_text("line 1\nmore\n")
+    git(ws, "add", "README")
+    dirty = reposync.dirty_state(ws)
+    leftover = {"task": "t1", "head": git(ws, "rev-parse", "HEAD"), "dirty": dirty}
+    real = reposync.git
+
+    def failing(workspace, *args, **kwargs):
+        if args[:1] == ("rev-list",):  # after the stash and the fetch
+            assert _stashes(ws), "the runner has stashed by now"
+            raise reposync.GitError("git rev-list exited 128: fatal: simulated")
+        return real(workspace, *args, **kwargs)
+
+    monkeypatch.setattr(reposync, "git", failing)
+    result = reposync.sync_workspace(ws, SyncConfig("main"), agent="a1", task="t2",
+                                     leftover=leftover)
+    assert result.status == "refused" and "simulated" in result.summary
+    assert result.stash["state"] == "applied"
+    assert _stashes(ws) == []
+    assert reposync.dirty_state(ws) == dirty  # staged README and untracked wip.txt, as before

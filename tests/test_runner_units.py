@@ -158,6 +158,46 @@ def test_snapshots_see_content_not_metadata(tmp_path):
     assert changes.touched == ("a.py", "new.py")
 
 
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@example.org", *args],
+                          cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_snapshots_see_a_git_directory_s_config_and_hooks_but_not_its_bookkeeping(tmp_path):
+    _git(tmp_path, "init", "-q", "-b", "main")
+    (tmp_path / "a.py").write_text("a\n")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    (tmp_path / "vendor" / "lib").mkdir(parents=True)
+    _git(tmp_path / "vendor" / "lib", "init", "-q")
+    before = take_snapshot(tmp_path)
+    assert ".git/config" in before and ".git/HEAD" not in before and ".git/index" not in before
+    assert "vendor/lib/.git/HEAD" in before  # a nested repository is not the workspace's own
+    # git's own bookkeeping: a commit, a branch, a stash, a fetch
+    (tmp_path / "a.py").write_text("b\n")
+    _git(tmp_path, "commit", "-q", "-am", "two")
+    _git(tmp_path, "branch", "side")
+    (tmp_path / "a.py").write_text("c\n")
+    _git(tmp_path, "stash", "-q")
+    _git(tmp_path, "fetch", "-q", str(tmp_path), "main")
+    # what makes git run code or look elsewhere
+    (tmp_path / ".git" / "hooks" / "post-merge").write_text("#!/bin/sh\n")
+    _git(tmp_path, "config", "core.fsmonitor", "/tmp/x")
+    (tmp_path / ".git" / "info" / "attributes").write_text("* filter=x\n")
+    (tmp_path / ".git" / "modules" / "sub" / "hooks").mkdir(parents=True)
+    (tmp_path / ".git" / "modules" / "sub" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / ".git" / "modules" / "sub" / "hooks" / "pre-commit").write_text("x")
+    (tmp_path / ".git" / "modules" / "sub" / "index").write_text("x")
+    (tmp_path / "vendor" / "lib" / ".git" / "hooks" / "pre-commit").write_text("x")
+    (tmp_path / "vendor" / "lib" / ".git" / "x").write_text("x")
+    changes = diff_snapshots(before, take_snapshot(tmp_path))
+    # (a submodule's git directory has bookkeeping of its own: its HEAD and index)
+    assert changes.added == (".git/hooks/post-merge", ".git/info/attributes",
+                             ".git/modules/sub/hooks/pre-commit",
+                             "vendor/lib/.git/hooks/pre-commit", "vendor/lib/.git/x")
+    assert changes.modified == (".git/config", "a.py") and changes.removed == ()
+
+
 # -- process groups -------------------------------------------------------------------------
 
 def test_stdin_is_closed_even_when_the_command_never_reads_it(tmp_path):

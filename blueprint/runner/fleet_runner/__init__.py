@@ -18,8 +18,9 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed
 - :mod:`fleet_runner.gates`      the verify gates: run, check (diff-aware), anti-silence, scope
 - :mod:`fleet_runner.scope`      the ``writes`` patterns (a gitignore subset) of the scope gate
-- :mod:`fleet_runner.reposync`   the working-repository sync before a task, the in-progress
-                                  sentinel, and what a task left uncommitted
+- :mod:`fleet_runner.reposync`   the working-repository sync before a task (and undoing one a
+                                  crash cut short), the in-progress sentinel, what a task left
+                                  uncommitted, and the files its commits changed
 - :mod:`fleet_runner.calls`      shims first on the agent's PATH counting its CLI and MCP calls
 - :mod:`fleet_runner.evidence`   what the CLIs record for the runner: sends and denials
 - :mod:`fleet_runner.records`    JSON files and the JSONL ledger, written safely

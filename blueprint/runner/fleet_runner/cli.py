@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL to a process group (default: 5)")
     p.add_argument("--check-timeout-s", type=float, default=300.0,
                    help="wall-clock seconds for the check command (default: 300)")
+    p.add_argument("--sync-retry-s", type=float, default=60.0,
+                   help="seconds before a task whose sync's fetch failed is tried again, "
+                        "doubled at each failure up to 900 (default: 60)")
     p.add_argument("--show-prefix", action="store_true",
                    help="print the prompt prefix and its estimated tokens as JSON, and exit")
     return p
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     runner = Runner(paths, RunnerOptions(kill_grace_s=args.kill_grace_s,
                                          check_timeout_s=args.check_timeout_s,
-                                         poll_s=args.poll_s))
+                                         poll_s=args.poll_s,
+                                         sync_retry_s=args.sync_retry_s))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.request_stop())
     started_release = os.path.realpath(paths.release)

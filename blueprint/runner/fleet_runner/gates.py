@@ -20,8 +20,13 @@ words are never a success signal.
     a task from an agent.
 ``scope``
     the scope of the writes: every path the task changed (added, modified or removed, from the
-    same snapshots as ``check``) must be inside the role's ``writes`` patterns
-    (:mod:`fleet_runner.scope`); fails listing those outside. Skipped when ``writes`` is unset.
+    same snapshots as ``check``, which see a git directory's config and hooks but not its
+    object store: :mod:`fleet_runner.snapshot`) and, when the workspace is a git repository,
+    every path the commits made since the baseline changed
+    (:func:`fleet_runner.reposync.committed_paths`), must be inside the role's ``writes``
+    patterns (:mod:`fleet_runner.scope`; a path in a ``.git`` directory only through a pattern
+    naming ``.git``); fails listing those outside, and when the commits cannot be read.
+    Skipped when ``writes`` is unset.
 """
 
 from __future__ import annotations
@@ -200,38 +205,63 @@ def anti_silence_gate(human: bool, task: str, channel: str | None,
         f"anyone. Send the answer with: {reply_command(task, channel)}", details)
 
 
-def scope_gate(writes: Sequence[str] | None, changes: Changes) -> GateResult:
+def scope_gate(writes: Sequence[str] | None, changes: Changes, *,
+               committed: Sequence[str] | None = None, commit_error: str | None = None,
+               start_commit: str | None = None) -> GateResult:
     """The ``scope`` gate: every changed path must be inside the role's ``writes`` patterns.
 
     Args:
         writes: the role's gitignore-style patterns (workspace-relative), or ``None`` (the
             gate is skipped: the role does not limit its writes).
-        changes: what the task changed so far (baseline → after this attempt).
+        changes: what the task changed so far in the workspace (baseline → after this
+            attempt).
+        committed: the paths the commits made since the baseline changed, or ``None`` (the
+            workspace is not a git repository).
+        commit_error: why those commits could not be read (the gate then fails), or ``None``.
+        start_commit: the commit HEAD was on at the baseline (named in the feedback).
 
-    The output fed back to the agent lists each path outside, with how it changed, and the
-    patterns; ``details`` has ``patterns``, ``changed`` (count), ``outside`` (up to
-    :data:`LIST_MAX`, ``"path (added)"``) and ``outside_count``.
+    The output fed back to the agent lists each path outside, with how it changed
+    (``added``, ``modified``, ``removed``, ``committed`` or several), and the patterns;
+    ``details`` has ``patterns``, ``changed`` (count of paths), ``committed`` (count, or
+    ``None``), ``outside`` (up to :data:`LIST_MAX`, ``"path (added)"``) and
+    ``outside_count``.
     """
     if writes is None:
         return GateResult("scope", SKIP, "the role sets no writes scope")
     scope = compile_scope(writes)  # validated when the config was read
-    changed = [(p, "added") for p in changes.added] + [
-        (p, "modified") for p in changes.modified] + [(p, "removed") for p in changes.removed]
-    outside = sorted((p, kind) for p, kind in changed if not scope.allows(p))
+    kinds: dict[str, list[str]] = {}
+    for kind, paths in (("added", changes.added), ("modified", changes.modified),
+                        ("removed", changes.removed), ("committed", committed or ())):
+        for path in paths:
+            kinds.setdefault(path, []).append(kind)
+    outside = sorted((p, ", ".join(k)) for p, k in kinds.items() if not scope.allows(p))
     listed = [f"{p} ({kind})" for p, kind in outside]
-    details = {"patterns": list(writes), "changed": len(changed), "outside": listed[:LIST_MAX],
-               "outside_count": len(outside)}
-    if not outside:
-        return GateResult("scope", PASS, f"all {len(changed)} changed path(s) are inside the "
+    details = {"patterns": list(writes), "changed": len(kinds),
+               "committed": None if committed is None else len(committed),
+               "outside": listed[:LIST_MAX], "outside_count": len(outside)}
+    if commit_error:
+        details["commit_error"] = commit_error
+    if not outside and not commit_error:
+        return GateResult("scope", PASS, f"all {len(kinds)} changed path(s) are inside the "
                           "writes scope", "", details)
     allowed = ", ".join(writes) if writes else "(nothing: this role may not change any file)"
-    output = head_text(
-        "These paths changed outside the writes scope of this role:\n"
-        + "".join(f"  {line}\n" for line in listed)
-        + f"The role may change only: {allowed} (gitignore patterns, relative to the "
-        "workspace).\nPut each of these back as it was before the task (delete what you "
-        "added, restore what you changed or removed) and write only inside the scope.\n",
-        OUTPUT_MAX_BYTES)
-    return GateResult("scope", FAIL, f"{len(outside)} path(s) changed outside the writes scope: "
-                      + ", ".join(listed[:3]) + (" ..." if len(listed) > 3 else ""),
-                      output, details)
+    since = f" {start_commit[:12]}" if start_commit else ""
+    text = ""
+    if outside:
+        text = ("These paths changed outside the writes scope of this role:\n"
+                + "".join(f"  {line}\n" for line in listed)
+                + f"The role may change only: {allowed} (gitignore patterns, relative to the "
+                "workspace; a path inside a .git directory only through a pattern naming "
+                ".git).\nPut each of these back as it was before the task (delete what you "
+                "added, restore what you changed or removed) and write only inside the scope.\n")
+        if any("committed" in kind for _, kind in outside):
+            text += (f"A path marked committed differs between the commit the task started "
+                     f"from{since} and HEAD (or the branch): commit it back to its content "
+                     f"there (git checkout{since or ' START'} -- PATH, or git rm a file it did "
+                     "not have, then commit).\n")
+    if commit_error:
+        text += f"The commits made during the task could not be read: {commit_error}\n"
+    summary = (f"{len(outside)} path(s) changed outside the writes scope: "
+               + ", ".join(listed[:3]) + (" ..." if len(listed) > 3 else "")) if outside else \
+        f"the commits made during the task could not be read: {commit_error}"
+    return GateResult("scope", FAIL, summary, head_text(text, OUTPUT_MAX_BYTES), details)

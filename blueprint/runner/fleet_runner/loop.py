@@ -10,8 +10,10 @@ For each message, oldest first, one at a time:
    ``failed/`` as a duplicate, escalated (kind ``duplicate``) when a person sent it;
 2. pin the release (``current`` resolved once), read the agent's config; with ``sync`` set,
    sync the working repository (:mod:`fleet_runner.reposync`: a person's uncommitted changes
-   or a conflict end the task here as ``refused``, escalated, never run); snapshot the
-   workspace once per task (the baseline, kept across restarts);
+   or a conflict end the task here as ``refused``, escalated, never run; a failed fetch puts
+   the message back in the inbox, tried again later, at most :data:`SYNC_FETCH_ATTEMPTS`
+   times); snapshot the workspace once per task (the baseline, kept across restarts, with the
+   commit and branch HEAD is on when the workspace is the top of a git work tree);
 3. for attempt 1 .. ``max_retries + 1``: build the prefix (with a CLI-index line per
    ``via: bridge`` MCP server) and the task prompt, write the attempt's MCP config file for the
    ``via: mcp`` servers when ``agent_command`` asks for it (:mod:`fleet_runner.mcpconfig`), run
@@ -66,6 +68,11 @@ CHANGES_LISTED_MAX = 200
 """At most this many paths per kind of change in a run record."""
 UNREADABLE_LOG_INTERVAL_S = 600.0
 """An inbox message that stays unreadable with the same error is logged again after this long."""
+SYNC_FETCH_ATTEMPTS = 5
+"""A task whose sync's fetch failed this many times is refused (escalated); before that its
+message goes back to the inbox and is tried again later."""
+SYNC_RETRY_MAX_S = 900.0
+"""The longest wait before a put-off sync is tried again, in seconds."""
 
 
 class RunnerError(Exception):
@@ -80,11 +87,15 @@ class RunnerOptions:
         kill_grace_s: seconds between SIGTERM and SIGKILL when a group is ended (default 5).
         check_timeout_s: wall-clock seconds for the check command (default 300).
         poll_s: seconds between looks at an empty inbox (default 1).
+        sync_retry_s: seconds before a task whose sync's fetch failed is tried again (default
+            60), doubled at each failure up to :data:`SYNC_RETRY_MAX_S`. Kept in memory only:
+            a restarted runner tries at once.
     """
 
     kill_grace_s: float = 5.0
     check_timeout_s: float = 300.0
     poll_s: float = 1.0
+    sync_retry_s: float = 60.0
 
 
 def _log(agent: str, text: str) -> None:
@@ -102,6 +113,11 @@ class _Task:
     release: Path
     dir: Path
     baseline: dict[str, str]
+    git_start: dict[str, Any] | None = None
+    """``{"repo": bool, "head": id|None, "branch": name|None}`` at the baseline, or ``None``
+    (a baseline written by an older runner, not in a synced repository)."""
+    deferred: bool = False
+    """The sync was put off (a failed fetch): the message goes back to the inbox."""
 
 
 class Runner:
@@ -115,6 +131,7 @@ class Runner:
         self.stop_reason: str | None = None
         self._log = log
         self._unreadable: dict[str, tuple[str, float]] = {}  # name -> (error, last logged)
+        self._deferred: dict[str, float] = {}  # inbox name -> monotonic time to try again
 
     def log(self, text: str) -> None:
         """One line on stderr (the journal)."""
@@ -146,7 +163,12 @@ class Runner:
         names = {p.name for p in pending}
         for name in [n for n in self._unreadable if n not in names]:
             del self._unreadable[name]  # gone or taken: forget it
+        for name in [n for n in self._deferred if n not in names]:
+            del self._deferred[name]
+        now = time.monotonic()
         for path in pending:
+            if self._deferred.get(path.name, now) > now:
+                continue  # its sync was put off: not yet
             try:
                 read_message_file(path)
             except MessageError:
@@ -212,8 +234,9 @@ class Runner:
 
         Returns:
             ``"pass"``, ``"gave-up"``, ``"denied"``, ``"invalid"``, ``"duplicate"``,
-            ``"unreadable"`` (moved back to the inbox) or ``"stopped"`` (left in processing/
-            for the next start).
+            ``"unreadable"`` or ``"deferred"`` (moved back to the inbox: it cannot be read now,
+            or its sync's fetch failed) or ``"stopped"`` (left in processing/ for the next
+            start).
 
         Raises:
             RunnerError: the config or release is broken.
@@ -247,6 +270,8 @@ class Runner:
             self.log(f"task {message.id}: duplicate of a finished task, moved to {dest}")
             return "duplicate"
         task = self._open_task(message, path, progress, task_dir)
+        if task.deferred:
+            return self._defer(task)
         if progress.final:
             return self._complete(task)
         if progress.sync and progress.sync.get("status") in (reposync.REFUSED,
@@ -284,20 +309,67 @@ class Runner:
         except ConfigError as exc:
             raise RunnerError(str(exc)) from None
         baseline_path = task_dir / "baseline.json"
-        baseline = read_json(baseline_path)
+        stored = read_json(baseline_path)
         if config.sync is not None and progress.sync is None and not progress.attempts \
                 and progress.final is None:
-            self._sync(message, path, progress, config)
-        if not isinstance(baseline, dict):
+            if self._sync(message, path, progress, config):
+                return _Task(message, path, progress, config, release, task_dir, {},
+                             deferred=True)
+        elif progress.sync is not None:
+            # Recorded, but a crash came before the sync sentinel was removed.
+            syncing = reposync.read_sentinel(self.paths.sync_sentinel)
+            if syncing and syncing.get("task") == message.id:
+                reposync.remove_file(self.paths.sync_sentinel)
+        if isinstance(stored, dict) and isinstance(stored.get("files"), dict):
+            baseline, git_start = stored["files"], stored.get("git")
+        elif isinstance(stored, dict):  # written by an older runner: the files only
+            baseline, git_start = stored, None
+            after = (progress.sync or {}).get("after")
+            if after and config.sync:
+                git_start = {"repo": True, "head": after, "branch": config.sync.branch}
+        else:
+            git_start = self._git_start()
             baseline = take_snapshot(self.paths.workspace)
-            write_json_atomic(baseline_path, baseline)
+            write_json_atomic(baseline_path, {"files": baseline, "git": git_start})
         if not progress.attempts:
             progress.save()
-        return _Task(message, path, progress, config, release, task_dir, baseline)
+        return _Task(message, path, progress, config, release, task_dir, baseline, git_start)
+
+    def _git_start(self) -> dict[str, Any]:
+        """Where HEAD is at the baseline, for the commits check of the scope gate."""
+        workspace = self.paths.workspace
+        if not os.path.lexists(workspace / ".git"):
+            return {"repo": False}
+        try:
+            if not reposync.is_repo_top(workspace):
+                return {"repo": False}
+            return {"repo": True, "head": reposync.head_or_none(workspace),
+                    "branch": reposync.current_branch(workspace)}
+        except reposync.GitError as exc:
+            self.log(f"cannot read the workspace repository's HEAD ({exc}); commits made "
+                     "during the task are not checked against the writes scope")
+            return {"repo": False, "error": str(exc)}
+
+    def _defer(self, task: _Task) -> str:
+        """Put a task whose sync's fetch failed back in the inbox, to be tried again later."""
+        tries = task.progress.sync_deferred
+        delay = min(self.options.sync_retry_s * 2 ** (len(tries) - 1), SYNC_RETRY_MAX_S)
+        dest = self.spool.unclaim(task.path)
+        self._deferred[dest.name] = time.monotonic() + delay
+        last = tries[-1]
+        self.log(f"task {task.message.id}: {last['summary']}; back in the inbox, tried again in "
+                 f"{delay:g} s (failed fetch {len(tries)} of at most {SYNC_FETCH_ATTEMPTS}): "
+                 f"{last['detail']}")
+        return "deferred"
 
     def _sync(self, message: Message, path: Path, progress: TaskProgress,
-              config: AgentConfig) -> None:
-        """Sync the working repository before a new task's baseline; record the result."""
+              config: AgentConfig) -> bool:
+        """Sync the working repository before a new task's baseline; record the result.
+
+        Returns:
+            ``True`` when the sync was put off (a failed fetch, fewer than
+            :data:`SYNC_FETCH_ATTEMPTS` times): the task is not run now.
+        """
         sentinel = reposync.read_sentinel(self.paths.in_progress)
         if sentinel and sentinel.get("task") == message.id and sentinel.get("start_commit"):
             # Synced before a crash that came before the result was recorded: never again.
@@ -305,27 +377,50 @@ class Runner:
                              "summary": "synced before a runner restart (in-progress "
                              "sentinel)"}
             progress.save()
-            return
+            reposync.remove_file(self.paths.sync_sentinel)
+            return False
         if sentinel:
             # A task that ended without removing it (its message is gone from processing/):
             # what it left is not known to be the runner's, so a dirty tree is refused.
             self.log(f"stale in-progress sentinel of task {sentinel.get('task')} removed")
             reposync.remove_file(self.paths.in_progress)
+        syncing = reposync.read_sentinel(self.paths.sync_sentinel)
+        if syncing and syncing.get("task") != message.id:
+            # A sync of a task no longer in processing/: not undone (it may not be the last
+            # thing that happened in the repository); the sync below refuses what it left.
+            self.log(f"stale sync sentinel of task {syncing.get('task')} removed (its stash, if "
+                     f"any: {syncing.get('stash_id') or syncing.get('stash_message')})")
+            reposync.remove_file(self.paths.sync_sentinel)
         try:
             leftover = read_json(self.paths.sync_leftover)
         except ValueError:
             leftover = None
         result = reposync.sync_workspace(
             self.paths.workspace, config.sync, agent=self.paths.agent, task=message.id,
-            leftover=leftover if isinstance(leftover, dict) else None)
+            leftover=leftover if isinstance(leftover, dict) else None,
+            sentinel=self.paths.sync_sentinel)
+        if result.recovered:
+            self.log(f"task {message.id}: {result.recovered}")
+        if result.status == reposync.RETRY:
+            progress.sync_deferred.append({"time": now_iso(), "summary": result.summary,
+                                           "detail": result.detail})
+            if len(progress.sync_deferred) < SYNC_FETCH_ATTEMPTS:
+                progress.save()
+                reposync.remove_file(self.paths.sync_sentinel)
+                return True
+            result.status = reposync.REFUSED
+            result.summary += (f" ({len(progress.sync_deferred)} times, the last "
+                               f"{len(progress.sync_deferred) - 1} tried again after a wait)")
         progress.sync = result.to_json()
         progress.save()
+        reposync.remove_file(self.paths.sync_sentinel)
         self.log(f"task {message.id}: sync {result.status}: {result.summary}")
         if result.status == reposync.SYNCED:
             reposync.remove_file(self.paths.sync_leftover)  # applied back: now this task's
             reposync.write_sentinel(self.paths.in_progress, task=message.id,
                                     message_file=path.name, attempt=0,
                                     start_commit=result.after, sync=config.sync)
+        return False
 
     def _synced(self, task: _Task) -> bool:
         """Whether this task runs in a synced repository (the sentinel and commits apply)."""
@@ -520,7 +615,7 @@ class Runner:
                                  should_stop=lambda: self.stop_reason),
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
-                gates.scope_gate(config.writes, changes),
+                self._scope_gate(task, changes),
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
@@ -554,6 +649,20 @@ class Runner:
         self.log(f"task {message.id} attempt {n}/{max_attempts}: {verdict}"
                  + "".join(f"; {r.name}: {r.summary}" for r in failed))
         return verdict
+
+    def _scope_gate(self, task: _Task, changes: Any) -> gates.GateResult:
+        """The scope gate over the workspace's changes and, in a git repository, the files
+        the commits made since the baseline changed."""
+        writes, start = task.config.writes, task.git_start or {}
+        committed, error = None, None
+        if writes is not None and start.get("repo"):
+            try:
+                committed = reposync.committed_paths(self.paths.workspace, start.get("head"),
+                                                     start.get("branch"))
+            except reposync.GitError as exc:
+                error = str(exc)
+        return gates.scope_gate(writes, changes, committed=committed, commit_error=error,
+                                start_commit=start.get("head"))
 
     # -- the end of a task ----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ Defaults, each overridable on the command line (tests point them at temporary di
         sends.jsonl  denials.jsonl         what the CLIs record for the runner (evidence.py)
         ledger.jsonl                       one line per model turn (records.py)
         in-progress.json                   the task under way in the working repository
+        sync-in-progress.json              a sync under way in it (reposync.py)
         sync-leftover.json                 what the last task left uncommitted (reposync.py)
         runs/<task>/                       the task's sentinel, run records, prompts, output
         lock                               held while a runner serves this agent
@@ -106,6 +107,11 @@ class AgentPaths:
     def in_progress(self) -> Path:
         """The in-progress sentinel of a task in a synced repository (reposync.py)."""
         return self.state / "in-progress.json"
+
+    @property
+    def sync_sentinel(self) -> Path:
+        """The sentinel of a sync under way in the working repository (reposync.py)."""
+        return self.state / "sync-in-progress.json"
 
     @property
     def sync_leftover(self) -> Path:

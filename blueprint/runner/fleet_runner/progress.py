@@ -12,6 +12,7 @@
          "proc_start": 991823, "prefix_tokens": {...}, "task_prompt_tokens": 310}
       ],
       "sync": null,                        the repository sync's result (reposync.py)
+      "sync_deferred": [],                 each sync put off by a failed fetch
       "final": null
     }
 
@@ -55,6 +56,8 @@ class TaskProgress:
         sync: the result of the working-repository sync before the first attempt
             (:meth:`fleet_runner.reposync.SyncResult.to_json`), or ``None`` (not synced: no
             ``sync`` in the config, or not yet).
+        sync_deferred: one ``{"time", "summary", "detail"}`` per sync put off because the
+            fetch failed (the message went back to the inbox to be tried again later).
     """
 
     path: Path
@@ -63,6 +66,7 @@ class TaskProgress:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
     sync: dict[str, Any] | None = None
+    sync_deferred: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path, task: str, message_file: str) -> TaskProgress:
@@ -75,13 +79,15 @@ class TaskProgress:
         if not isinstance(data, dict):
             return cls(Path(path), task, message_file)
         return cls(Path(path), task, data.get("message_file", message_file),
-                   list(data.get("attempts", [])), data.get("final"), data.get("sync"))
+                   list(data.get("attempts", [])), data.get("final"), data.get("sync"),
+                   list(data.get("sync_deferred") or []))
 
     def save(self) -> None:
         """Write the sentinel atomically."""
         write_json_atomic(self.path, {"schema_version": SCHEMA_VERSION, "task": self.task,
                                       "message_file": self.message_file,
                                       "attempts": self.attempts, "sync": self.sync,
+                                      "sync_deferred": self.sync_deferred,
                                       "final": self.final})
 
     @property

@@ -13,7 +13,9 @@ its baseline snapshot (so what the sync brings in is not counted as the task's c
    by the stash commit's id; anything else is a person's work: *refused*, nothing touched
    (the runner never commits, stashes or resets over a person's uncommitted changes).
 3. **Fetch** ``+refs/heads/BRANCH:refs/remotes/REMOTE/BRANCH`` (no prompts: no terminal).
-   A failure: *refused* (the runner's own stash, if any, is applied back first).
+   A failure (the runner's own stash, if any, is applied back first) is *retry* (the caller
+   tries the task again later, a bounded number of times), but when ``REMOTE`` is not a
+   configured remote or the remote has no ``BRANCH``: those are *refused* at once.
 4. **Integrate**: up to date or only ahead, nothing; behind, ``merge --ff-only``; diverged
    (local commits not on the remote), ``rebase`` of the local commits onto the remote branch.
 5. The runner's stash, if it made one, is applied back (``stash apply --index``) and dropped,
@@ -26,6 +28,19 @@ on it, and also kept on a branch ``fleet-runner/wip/TASK``), the files the faile
 are removed, and the runner's stash is kept (not dropped). The result says where each is; the
 task is not run and a person is told (*conflict*).
 
+Any other git failure once the runner has stashed its work (:class:`GitError`) restores the
+pre-sync commit and applies that stash back before the task is refused.
+
+The **sync sentinel** (``STATE/sync-in-progress.json``) is written before the sync changes
+anything: the task, the commit before, the stash ref before and the stash message, then the
+runner's stash id once it has one. A runner that crashes mid-sync finds it when it takes the
+same task again and first undoes its own half-done sync (:func:`_recover`): it aborts its own
+rebase (only one whose ``orig-head`` is the commit before, on the branch), restores the commit
+before, applies its own stash back and drops it, then syncs again. Anything it cannot account
+for (an operation it did not start, uncommitted changes with HEAD moved and no stash of its
+own) refuses the task with nothing touched. At most :data:`SYNC_RECOVERIES_MAX` recoveries
+per task.
+
 The **in-progress sentinel** (``STATE/in-progress.json``, :func:`write_sentinel`) names the
 task, the attempt and the commit the task started from; it is written after the sync and
 before every attempt, and removed when the task ends. A runner that finds it (after a crash)
@@ -34,7 +49,11 @@ the interrupted attempt left, and the next attempt is told which they are
 (:func:`commits_since`).
 
 Every git command runs in the workspace with a timeout (:data:`GIT_TIMEOUT_S`), no terminal
-prompts, no editor and autostash off (the runner stashes explicitly, or not at all).
+prompts, no editor, autostash off (the runner stashes explicitly, or not at all), and no hooks
+and no fsmonitor (``core.hooksPath=/dev/null``, ``core.fsmonitor=false``): what an agent put
+in ``.git/hooks`` does not run in the runner's git commands.
+
+:func:`committed_paths` lists the files commits made during a task changed, for the scope gate.
 """
 
 from __future__ import annotations
@@ -57,7 +76,10 @@ WIP_BRANCH_PREFIX = "fleet-runner/wip/"
 DIRTY_LISTED_MAX = 20
 """At most this many uncommitted paths are named in a refusal."""
 
-SYNCED, SKIPPED, REFUSED, CONFLICT = "synced", "skipped", "refused", "conflict"
+SYNC_RECOVERIES_MAX = 3
+"""At most this many syncs of one task cut short by a crash are undone and redone."""
+
+SYNCED, SKIPPED, REFUSED, CONFLICT, RETRY = "synced", "skipped", "refused", "conflict", "retry"
 _OPERATIONS = (("rebase-merge", "a rebase"), ("rebase-apply", "a rebase or am"),
                ("MERGE_HEAD", "a merge"), ("CHERRY_PICK_HEAD", "a cherry-pick"),
                ("REVERT_HEAD", "a revert"), ("BISECT_LOG", "a bisect"))
@@ -72,8 +94,9 @@ class SyncResult:
     """What :func:`sync_workspace` did.
 
     Attributes:
-        status: ``"synced"``, ``"skipped"`` (not a git work tree's top), ``"refused"`` or
-            ``"conflict"``; the task runs on the first two only.
+        status: ``"synced"``, ``"skipped"`` (not a git work tree's top), ``"refused"``,
+            ``"conflict"`` or ``"retry"`` (the fetch failed, maybe for a while: try the task
+            again later); the task runs on the first two only.
         summary: one line for people (the escalation's reason).
         before: the commit HEAD was on before the sync, or ``None``.
         after: the commit the task starts from, or ``None`` when it does not run.
@@ -84,6 +107,7 @@ class SyncResult:
         wip_branch: the branch keeping the local commits after a conflict, or ``None``.
         dirty: uncommitted paths behind a refusal, ``"XY path"`` as ``git status`` shows them.
         detail: git's own output behind a refusal or conflict.
+        recovered: what was undone of a sync a crash cut short before this one, or ``None``.
     """
 
     status: str
@@ -96,6 +120,7 @@ class SyncResult:
     wip_branch: str | None = None
     dirty: list[str] = field(default_factory=list)
     detail: str = ""
+    recovered: str | None = None
 
     @property
     def runs(self) -> bool:
@@ -107,7 +132,7 @@ class SyncResult:
         return {"status": self.status, "summary": self.summary, "before": self.before,
                 "after": self.after, "action": self.action, "upstream": self.upstream,
                 "stash": self.stash, "wip_branch": self.wip_branch, "dirty": self.dirty,
-                "detail": self.detail}
+                "detail": self.detail, "recovered": self.recovered}
 
 
 def _env() -> dict[str, str]:
@@ -120,12 +145,14 @@ def _env() -> dict[str, str]:
 
 def git(workspace: Path, *args: str, check: bool = True,
         timeout_s: float = GIT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run ``git ARGS`` in ``workspace`` (autostash off); return the finished process.
+    """Run ``git ARGS`` in ``workspace`` (autostash, hooks and fsmonitor off); return the
+    finished process.
 
     Raises:
         GitError: git is missing, timed out, or (with ``check``) exited non-zero.
     """
-    argv = ["git", "-c", "rebase.autoStash=false", "-c", "merge.autoStash=false", *args]
+    argv = ["git", "-c", "rebase.autoStash=false", "-c", "merge.autoStash=false",
+            "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args]
     try:
         done = subprocess.run(argv, cwd=workspace, env=_env(), capture_output=True, text=True,
                               errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL)
@@ -161,6 +188,57 @@ def head(workspace: Path) -> str:
         GitError: no commit yet, or git failed.
     """
     return _out(workspace, "rev-parse", "--verify", "HEAD")
+
+
+def head_or_none(workspace: Path) -> str | None:
+    """The commit id HEAD is on, or ``None`` when it is on no commit (an unborn branch)."""
+    done = git(workspace, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def current_branch(workspace: Path) -> str | None:
+    """The branch HEAD is on (``main``), or ``None`` when it is detached."""
+    done = git(workspace, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def _tree_diff(workspace: Path, start: str | None, tip: str) -> set[str]:
+    if start is None:
+        raw = git(workspace, "ls-tree", "-r", "-z", "--name-only", tip).stdout
+    else:
+        raw = git(workspace, "diff", "--no-renames", "--no-ext-diff", "--name-only", "-z",
+                  start, tip, "--").stdout
+    return {p for p in raw.split("\0") if p}
+
+
+def committed_paths(workspace: Path, start: str | None, branch: str | None = None) -> list[str]:
+    """The workspace-relative paths commits made since ``start`` changed, sorted.
+
+    That is every path that differs between ``start``'s tree and HEAD's (``git diff
+    --no-renames --name-only``: both sides of a rename), whether HEAD descends from ``start``
+    or was moved anywhere else; and, when ``branch`` (the branch HEAD was on at ``start``)
+    still exists at another commit than HEAD, every path that differs between ``start`` and
+    its tip too (detaching HEAD does not hide what was committed on the branch). ``start``
+    ``None`` (the repository had no commit then): every file of those commits. What happened
+    in between (a file added, then removed by a later commit) is not judged: the trees are.
+
+    Raises:
+        GitError: git failed (``start`` unknown, or no repository any more).
+    """
+    tips: list[str] = []
+    now = head_or_none(workspace)
+    if now is not None:
+        tips.append(now)
+    if branch:
+        done = git(workspace, "rev-parse", "-q", "--verify", f"refs/heads/{branch}^{{commit}}",
+                   check=False)
+        if done.returncode == 0 and done.stdout.strip() not in tips:
+            tips.append(done.stdout.strip())
+    paths: set[str] = set()
+    for tip in tips:
+        if tip != start:
+            paths |= _tree_diff(workspace, start, tip)
+    return sorted(paths)
 
 
 def dirty_state(workspace: Path) -> dict[str, str]:
@@ -280,7 +358,8 @@ def _restore(workspace: Path, before: str, stash_id: str | None) -> str:
 
 
 def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
-                   leftover: dict[str, Any] | None) -> SyncResult:
+                   leftover: dict[str, Any] | None,
+                   sentinel: Path | None = None) -> SyncResult:
     """Sync the workspace repository before task ``task`` (module docstring, steps 1-5).
 
     Args:
@@ -290,23 +369,146 @@ def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
         task: the task about to start (in the stash message and the wip branch name).
         leftover: what the runner's previous task left uncommitted (:func:`record_leftover`),
             or ``None``.
+        sentinel: the sync sentinel's path (module docstring), or ``None`` for none. When it
+            names ``task``, the sync it records was cut short by a crash: that is undone first.
+            The caller removes it once the result is recorded.
 
     Returns:
         The result; a git failure is a ``"refused"`` result, never an exception.
     """
     made: dict[str, Any] = {}
+    recovered = None
     try:
-        return _sync(workspace, sync, agent, task, leftover, made)
+        prior = read_sentinel(sentinel) if sentinel is not None else None
+        if prior and prior.get("task") == task:
+            made["recoveries"] = int(prior.get("recoveries") or 0) + 1
+            recovered = _recover(workspace, sync, prior, made)
+            if isinstance(recovered, SyncResult):
+                return recovered
+        result = _sync(workspace, sync, agent, task, leftover, made, sentinel)
+        result.recovered = recovered
+        return result
     except GitError as exc:
         stash = made.get("stash")
-        where = (f"; the runner's uncommitted work is in stash {stash['id'][:12]} "
-                 f"(\"{stash['message']}\")") if stash and stash["state"] == "kept" else ""
+        where = ""
+        if stash and stash["state"] == "kept":
+            where = (f"; the runner's uncommitted work is in stash {stash['id'][:12]} "
+                     f"(\"{stash['message']}\")")
+            if made.get("before") and not made.get("given_back"):
+                # Never leave the runner's own work stashed behind a refusal: back to the
+                # commit before the sync, the stash applied back.
+                try:
+                    where = _give_back(workspace, made["before"], stash) and where
+                except GitError as again:
+                    where += f", not applied back: {again}"
         return SyncResult(REFUSED, f"the working repository could not be synced: {exc}{where}",
-                          stash=stash, detail=str(exc))
+                          before=made.get("before"), stash=stash, detail=str(exc),
+                          recovered=recovered if isinstance(recovered, str) else None)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text("utf-8").strip()
+    except OSError:
+        return None
+
+
+def _stash_made_since(workspace: Path, ref_before: str | None, message: str,
+                      before: str) -> str | None:
+    """The runner's stash when ``refs/stash`` moved from ``ref_before`` to a stash of
+    ``before`` with ``message`` (a stash push a crash interrupted before it was recorded)."""
+    done = git(workspace, "rev-parse", "-q", "--verify", "refs/stash", check=False)
+    now = done.stdout.strip()
+    if done.returncode != 0 or now == (ref_before or ""):
+        return None
+    subject = git(workspace, "log", "-1", "--format=%s", now, check=False).stdout.strip()
+    parent = git(workspace, "rev-parse", "-q", "--verify", now + "^1", check=False).stdout.strip()
+    return now if subject.endswith(": " + message) and parent == before else None
+
+
+def _recover(workspace: Path, sync: SyncConfig, prior: dict[str, Any],
+             made: dict[str, Any]) -> str | SyncResult:
+    """Undo the runner's own sync a crash cut short (its sentinel ``prior``); return what was
+    done, or the result when that sync had in fact finished (its stash applied and dropped,
+    HEAD moved on).
+
+    Raises:
+        GitError: what is there is not the runner's to undo, or git failed (nothing of a
+            person's is touched).
+    """
+    before = prior.get("before")
+    if not isinstance(before, str) or not before:
+        raise GitError("the sync sentinel names no commit: not recovered")
+    if made["recoveries"] > SYNC_RECOVERIES_MAX:
+        raise GitError(f"the sync of this task was cut short {made['recoveries'] - 1} times: "
+                       "not tried again")
+    notes: list[str] = []
+    stash_id = prior.get("stash_id")
+    message = prior.get("stash_message")
+    if not stash_id and message:
+        stash_id = _stash_made_since(workspace, prior.get("stash_ref_before"), message, before)
+    stashed = bool(stash_id) and find_stash(workspace, stash_id) is not None
+    if stashed:
+        # Named in a refusal; not applied back by it (what is there is not the runner's).
+        made["stash"] = {"id": stash_id, "message": message, "state": "kept"}
+        made["given_back"] = True
+    git_dir = Path(_out(workspace, "rev-parse", "--absolute-git-dir"))
+    for name in ("rebase-merge", "rebase-apply"):
+        state = git_dir / name
+        if not state.is_dir():
+            continue
+        if _read_text(state / "orig-head") != before or \
+                _read_text(state / "head-name") != f"refs/heads/{sync.branch}":
+            raise GitError("a rebase the runner did not start is in progress: nothing touched")
+        git(workspace, "rebase", "--abort")
+        notes.append("aborted its rebase")
+        break
+    operation = _operation_in_progress(workspace)
+    if operation:
+        raise GitError(f"{operation} the runner did not start is in progress: nothing touched")
+    now = head(workspace)
+    if stash_id and not stashed and now != before:
+        # Applied back and dropped: the sync had reached its end.
+        return SyncResult(SYNCED, "synced before a runner restart (the sync had finished "
+                          "when the runner stopped)", before=before, after=now,
+                          recovered="nothing to undo: the sync had finished")
+    if stashed:
+        stash = made["stash"]
+        notes.append(_restore(workspace, before, stash_id))
+        if _give_back(workspace, before, stash, restore=False):
+            # Tried: the workspace is back at ``before``, the stash kept (named in the refusal).
+            raise GitError("the runner's stash of the sync cut short did not apply back")
+        del made["stash"], made["given_back"]
+        notes.append(f"applied its stash {stash_id[:12]} back")
+    elif now != before:
+        # No stash of its own: the tree was clean when the sync began.
+        if dirty_state(workspace):
+            raise GitError(f"HEAD moved from {before[:12]} during the sync cut short, and there "
+                           "are uncommitted changes the runner cannot account for: nothing "
+                           "touched")
+        git(workspace, "reset", "-q", "--hard", before)
+        notes.append(f"reset --hard {before[:12]}")
+    return "the sync cut short by a runner restart was undone: " + (
+        "; ".join(notes) if notes else "nothing had changed")
+
+
+def _write_sync_sentinel(sentinel: Path | None, **fields: Any) -> None:
+    if sentinel is not None:
+        write_json_atomic(sentinel, {"schema_version": SCHEMA_VERSION, **fields,
+                                     "updated": now_iso()})
+
+
+def _remote_is_missing(workspace: Path, sync: SyncConfig, detail: str) -> bool:
+    """Whether a failed fetch is one waiting will not mend: no such remote, or no such branch
+    on it."""
+    if git(workspace, "remote", "get-url", sync.remote, check=False).returncode != 0:
+        return True
+    return "couldn't find remote ref" in detail
 
 
 def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
-          leftover: dict[str, Any] | None, made: dict[str, Any]) -> SyncResult:
+          leftover: dict[str, Any] | None, made: dict[str, Any],
+          sentinel: Path | None = None) -> SyncResult:
     if not is_repo_top(workspace):
         return SyncResult(SKIPPED, f"sync is set but the workspace {workspace} is not the top of "
                           "a git work tree: not synced")
@@ -323,6 +525,7 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                           "nothing touched", before=before)
     dirty = dirty_state(workspace)
     stash = None
+    message = None
     if dirty:
         ours = bool(leftover) and leftover.get("head") == before and \
             leftover.get("dirty") == dirty
@@ -335,16 +538,29 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                 "lands on top of a person's work",
                 before=before, dirty=listed[:DIRTY_LISTED_MAX])
         message = STASH_MESSAGE.format(agent=agent, left_by=leftover.get("task"), task=task)
+    made["before"] = before
+    ref_before = git(workspace, "rev-parse", "-q", "--verify", "refs/stash",
+                     check=False).stdout.strip() or None
+    marks = {"task": task, "before": before, "remote": sync.remote, "branch": sync.branch,
+             "stash_ref_before": ref_before, "stash_message": message, "stash_id": None,
+             "recoveries": made.get("recoveries", 0)}
+    _write_sync_sentinel(sentinel, **marks)  # before anything changes
+    if message:
         stash_id = stash_own(workspace, message)
         if stash_id:
             stash = made["stash"] = {"id": stash_id, "message": message, "state": "kept"}
-    fetch = git(workspace, "fetch", "--quiet", "--no-tags", sync.remote,
-                f"+refs/heads/{sync.branch}:{upstream_ref}", check=False)
-    if fetch.returncode != 0:
+            _write_sync_sentinel(sentinel, **{**marks, "stash_id": stash_id})
+    try:
+        fetch = git(workspace, "fetch", "--quiet", "--no-tags", sync.remote,
+                    f"+refs/heads/{sync.branch}:{upstream_ref}", check=False)
+        fetch_error = (fetch.stderr or fetch.stdout).strip() if fetch.returncode else None
+    except GitError as exc:  # a timeout
+        fetch_error = str(exc)
+    if fetch_error is not None:
         kept = _apply_back(workspace, before, stash)
-        return SyncResult(REFUSED, f"git fetch {sync.remote} {sync.branch} failed: not synced"
-                          + kept, before=before, stash=stash,
-                          detail=(fetch.stderr or fetch.stdout).strip())
+        status = REFUSED if _remote_is_missing(workspace, sync, fetch_error) else RETRY
+        return SyncResult(status, f"git fetch {sync.remote} {sync.branch} failed: not synced"
+                          + kept, before=before, stash=stash, detail=fetch_error)
     upstream = head_of(workspace, upstream_ref)
     ahead, behind = (int(n) for n in _out(
         workspace, "rev-list", "--left-right", "--count", f"HEAD...{upstream_ref}").split())
@@ -401,6 +617,14 @@ def _apply_back(workspace: Path, before: str, stash: dict[str, Any] | None) -> s
     """Put the runner's stash back after a sync that changed nothing; say where it is if not."""
     if not stash:
         return ""
+    return _give_back(workspace, before, stash, restore=False)
+
+
+def _give_back(workspace: Path, before: str, stash: dict[str, Any], restore: bool = True) -> str:
+    """Back to ``before`` (with ``restore``: :func:`_restore` first), the runner's stash
+    applied back and dropped; ``""``, or where the stash is kept when it did not apply."""
+    if restore:
+        _restore(workspace, before, stash["id"])
     done = git(workspace, "stash", "apply", "--index", "--quiet", stash["id"], check=False)
     if done.returncode == 0 and drop_own_stash(workspace, stash["id"]):
         stash["state"] = "applied"

@@ -23,6 +23,12 @@ The subset of gitignore syntax implemented (standard library only, no git needed
 - ``**/x`` is ``x`` at any depth, ``x/**`` everything inside ``x``, ``a/**/b`` zero or more
   directories between ``a`` and ``b``; any other ``**`` is ``*``.
 
+**A git directory is never covered by a wildcard.** A path with a ``.git`` component
+(``.git/config``, ``.git/hooks/pre-commit``, ``vendor/.git/HEAD``) is in scope only through a
+pattern that has a ``.git`` component itself (``.git/hooks/``, ``vendor/*/.git/``,
+``**/.git/**``): ``**``, ``*`` or a directory pattern such as ``vendor/`` never let a run change
+what makes git run code or where it reads from. Negations apply to such paths as to any other.
+
 Unlike git, a negation can carve a path out of a directory a pattern matched: git cannot
 re-include a file whose parent directory is excluded (it never walks into it), whereas here
 there is no directory walk and the last matching pattern always wins, so ``src/`` then
@@ -34,6 +40,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+
+GIT_COMPONENT = ".git"
 
 
 class ScopeError(ValueError):
@@ -49,12 +58,15 @@ class Rule:
         negate: it started with ``!``.
         dir_only: it ended with ``/`` (matches directories only).
         regex: matches a whole workspace-relative path (``/``-separated).
+        names_git: the pattern has a ``.git`` component (it may allow paths inside a git
+            directory; module docstring).
     """
 
     pattern: str
     negate: bool
     dir_only: bool
     regex: re.Pattern[str]
+    names_git: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +79,11 @@ class Scope:
         """Whether the workspace-relative ``path`` (``a/b.txt``, a file) is in scope."""
         parts = path.strip("/").split("/")
         ancestors = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        in_git = GIT_COMPONENT in parts
         verdict = False
         for rule in self.rules:
+            if in_git and not rule.negate and not rule.names_git:
+                continue  # a wildcard never covers a git directory
             if any(rule.regex.fullmatch(a) for a in ancestors) or (
                     not rule.dir_only and rule.regex.fullmatch(path)):
                 verdict = not rule.negate
@@ -111,7 +126,8 @@ def _compile(pattern: str) -> Rule | None:
     regex = _translate(body, pattern)
     if not anchored:
         regex = "(?:.*/)?" + regex
-    return Rule(pattern, negate, dir_only, re.compile(regex, re.DOTALL))
+    names_git = GIT_COMPONENT in body.replace("\\", "").split("/")
+    return Rule(pattern, negate, dir_only, re.compile(regex, re.DOTALL), names_git)
 
 
 def _translate(body: str, pattern: str) -> str:
