@@ -5,6 +5,7 @@ The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
     runner/...                       blueprint/runner, templates rendered
     skills/<name>/...                each skill a role on this host uses
     agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
+    agents/<agent>/prefix-tokens.json  exact o200k counts of its runner prefix (tokens.prefix_counts)
     agents/<agent>/mcp-bridge.json   its role's ``via: bridge`` MCP servers, for the mcp-bridge CLI
     credentials/<agent>/<file>       its granted credentials (:mod:`fleetctl.credentials`),
                                      beside the releases on the host, never inside one
@@ -33,6 +34,7 @@ from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
 from fleetctl.secrets import Secret
+from fleetctl.tokens.prefix_counts import PREFIX_COUNTS, prefix_counts
 
 TEMPLATE_SUFFIX = ".j2"
 AGENT_CONFIG_TEMPLATE = "agent.yaml.j2"
@@ -238,6 +240,7 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
     except OSError as exc:
         raise InputError(f"{config_template}: cannot read the agent config template: "
                          f"{exc.strerror}") from None
+    counts_by_role: dict[str, Any] = {}
     for agent in host.agents:
         data = render_template(config_source, f"templates/{AGENT_CONFIG_TEMPLATE}",
                                agent_context(blueprint, host, agent))
@@ -245,6 +248,12 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
         b.add_dir("agents", None, None, "(agents)")
         b.add_dir(base, None, None, "(agents)")
         b.add_file(f"{base}/agent.yaml", data, DEFAULT_FILE_MODE, f"agent {agent.name}")
+        counts = counts_by_role.get(agent.role, False)
+        if counts is False:
+            counts = counts_by_role[agent.role] = prefix_counts(blueprint,
+                                                                blueprint.roles[agent.role])
+        if counts is not None:
+            b.add_file(f"{base}/{PREFIX_COUNTS}", counts, DEFAULT_FILE_MODE, f"agent {agent.name}")
         bridge = bridge_config(blueprint.roles[agent.role],
                                blueprint.root / "roles" / f"{agent.role}.yaml")
         if bridge is not None:

@@ -232,10 +232,17 @@ def test_a_clean_run_passes_and_is_recorded(make_fleet):
     assert record["changes"]["added"] == ["hello.py"]
     [turn] = fleet.ledger()
     assert turn["task"] == "t1" and turn["attempt"] == 1
-    assert turn["token_counter"] == "bytes/4-estimate" and turn["tokens_exact"] is False
-    expected = -(-len(ROLE_PROMPT.rstrip().encode()) // 4)
-    assert turn["prefix_tokens"]["role_prompt"] == expected
-    assert set(turn["prefix_tokens"]) == {"role_prompt", "skills_index", "cli_index"}
+    # Exact: fleetctl counted the same components at render (prefix-tokens.json); the count is
+    # checked here with the offline encoder on the prompt the agent really received.
+    assert turn["token_counter"] == "o200k_base" and turn["tokens_exact"] is True
+    from fleetctl.tokens.offline import load_o200k
+
+    enc, _ = load_o200k()
+    sections = prompt.split("\n\n")
+    assert turn["prefix_tokens"] == {
+        name: len(enc.encode_ordinary(text))
+        for name, text in zip(("role_prompt", "skills_index", "cli_index"), sections)}
+    assert turn["task_prompt_counter"] == "bytes/4-estimate"
     assert turn["usage"] == {"input_tokens": 120, "output_tokens": 7}
     assert fleet.notices() == [] and fleet.outbox() == []
 
@@ -716,15 +723,30 @@ def test_a_missing_agent_command_is_a_config_error(make_fleet, tmp_path):
     assert fleet.where("c1") == ["processing"]  # kept until the config is fixed
 
 
-def test_show_prefix_prints_the_components_and_estimates(make_fleet):
+def test_show_prefix_prints_the_components_and_exact_counts(make_fleet):
     fleet = make_fleet("clean")
     done = subprocess.run(fleet.argv("--show-prefix"), env=fleet.env(), capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)
-    assert shown["token_counter"] == "bytes/4-estimate" and shown["tokens_exact"] is False
+    assert shown["token_counter"] == "o200k_base" and shown["tokens_exact"] is True
     assert shown["text"] == "\n\n".join(v for v in shown["components"].values() if v)
     assert shown["tokens_total"] == sum(shown["tokens"].values())
+
+
+def test_a_prefix_that_differs_from_what_fleetctl_counted_is_only_estimated(make_fleet):
+    """A hand-edited SKILL.md on the host changes the skills index: fleetctl's counts no longer
+    describe it, so the runner falls back to its labelled estimate for every component."""
+    fleet = make_fleet("clean")
+    skill_md = fleet.root / "current" / "skills" / "reply" / "SKILL.md"
+    os.chmod(skill_md, 0o644)
+    skill_md.write_text(skill_md.read_text().replace("summary:", "summary: (patched)", 1))
+    done = subprocess.run(fleet.argv("--show-prefix"), env=fleet.env(), capture_output=True,
+                          text=True, timeout=30)
+    shown = json.loads(done.stdout)
+    assert shown["token_counter"] == "bytes/4-estimate" and shown["tokens_exact"] is False
+    assert shown["tokens"] == {name: -(-len(text.encode()) // 4)
+                               for name, text in shown["components"].items()}
 
 
 if __name__ == "__main__":  # pragma: no cover

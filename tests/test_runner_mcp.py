@@ -105,9 +105,10 @@ def test_the_runners_prefix_with_a_bridged_server_is_fleetctl_tokens_prefix(make
         assert counted[name] == len(enc.encode_ordinary(text)), name
     assert run.agent("a1")["bridged_servers"] == ["docs", "wiki"]  # the role file's order
     assert len(run.agent("a1")["tools"]) == 1 + len(SNAPSHOT_TOOLS)  # bash + tracker's
-    # The ledger's estimate is of the same components.
+    # The ledger has fleetctl's render-time counts of the very same components.
     [turn] = fleet.ledger()
-    assert turn["prefix_tokens"]["cli_index"] == -(-len(sections[2].encode()) // 4)
+    assert turn["tokens_exact"] is True
+    assert turn["prefix_tokens"]["cli_index"] == counted["cli_index"]
 
 
 def test_via_mcp_servers_without_the_placeholder_stop_the_runner_at_startup(make_fleet):

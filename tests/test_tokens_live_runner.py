@@ -134,7 +134,8 @@ def test_the_runners_own_ledger_read_back(tmp_path):
     assert (a["lines"], a["partial"], a["malformed"]["count"]) == (3, 0, 0)
     expected = _expected(records)
     assert {k: a[k] for k in expected} == expected
-    assert a["token_counters"][0]["name"] == records[0]["token_counter"] == "bytes/4-estimate"
+    assert a["token_counters"][0]["name"] == records[0]["token_counter"] == "o200k_base"
+    assert a["token_counters"][0]["exact"] is True
     c = a["calls"]
     assert c["declared_clis"] == ["notify", "reply"]
     recorded = [r for r in records if isinstance(r.get("calls"), dict)]

@@ -5,10 +5,10 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.config`     the agent's config (``agents/<name>/agent.yaml``)
 - :mod:`fleet_runner.paths`      where the release, state and workspace are
 - :mod:`fleet_runner.inbox`      the message spool: claim, parse, finish
-- :mod:`fleet_runner.tokens`     token numbers for the host-side ledger: a labelled estimate
-                                  (``bytes/4-estimate``, ``tokens_exact: false``), because hosts
-                                  get no pip installs; ``fleetctl tokens`` (docs/tokens.md) gives
-                                  exact offline ``o200k_base`` counts of the same prefix
+- :mod:`fleet_runner.tokens`     token numbers for the host-side ledger: fleetctl's exact
+                                  render-time ``o200k_base`` counts (``prefix-tokens.json``) when
+                                  they describe the prefix built here, else a labelled estimate
+                                  (``bytes/4-estimate``: hosts get no pip installs)
 - :mod:`fleet_runner.prefix`     the prompt prefix (also imported by ``fleetctl tokens``)
 - :mod:`fleet_runner.prompt`     the task prompt: message, anti-silence, retry feedback
 - :mod:`fleet_runner.mcpconfig`  the role's ``via: mcp`` servers, written per attempt into the

@@ -24,7 +24,7 @@ from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions
 from fleet_runner.paths import agent_paths
 from fleet_runner.prefix import PrefixError, build_prefix
-from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
+from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -77,10 +77,11 @@ def _show_prefix(paths) -> int:
     config = load_config(paths.config)
     prefix = build_prefix(config.prompt, config.skills, paths.skills,
                           bridged_servers=config.bridged_servers)
-    tokens = prefix.tokens(count_tokens)
+    tokens, counter, exact = counted_prefix(prefix.components,
+                                            paths.config.parent / "prefix-tokens.json")
     json.dump({"agent": config.agent, "components": prefix.components, "text": prefix.text,
                "tokens": tokens, "tokens_total": sum(tokens.values()),
-               "token_counter": TOKEN_COUNTER, "tokens_exact": False,
+               "token_counter": counter, "tokens_exact": exact,
                "budget_tokens": config.budget_tokens}, sys.stdout, indent=1)
     print()
     return EXIT_OK

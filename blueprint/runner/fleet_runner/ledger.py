@@ -11,8 +11,10 @@ to its model several times inside it; if it reports that, it is in ``usage``). E
       "prefix_tokens": {"role_prompt": 41, "skills_index": 30, "cli_index": 28},
       "prefix_tokens_total": 99,
       "task_prompt_tokens": 120,
-      "token_counter": "bytes/4-estimate",      how the numbers above were made
-      "tokens_exact": false,                     they are estimates, never exact counts
+      "task_prompt_counter": "bytes/4-estimate", the task prompt is always estimated
+      "token_counter": "o200k_base",             how prefix_tokens were made: fleetctl's exact
+      "tokens_exact": true,                      counts (prefix-tokens.json), or
+                                                 "bytes/4-estimate" and false
       "usage": {...} | null,                     as reported by the agent command, verbatim
       "usage_source": "agent-command" | null,
       "duration_s": 12.3 | null,                 null for a turn cut short by a runner crash
@@ -71,7 +73,8 @@ def ledger_record(*, agent: str, host: str | None, model: str | None, task: str,
                   run: str, prefix_tokens: dict[str, int], task_prompt_tokens: int,
                   usage: dict[str, Any] | None, duration_s: float | None, outcome: str,
                   interrupted: bool = False, calls: dict[str, int] | None = None,
-                  tool_calls: dict[str, int] | None = None) -> dict[str, Any]:
+                  tool_calls: dict[str, int] | None = None, token_counter: str = TOKEN_COUNTER,
+                  tokens_exact: bool = False) -> dict[str, Any]:
     """One ledger line (fields in the module docstring).
 
     The runner always passes ``calls`` and ``tool_calls`` (:func:`fleet_runner.calls.count_calls`
@@ -82,8 +85,8 @@ def ledger_record(*, agent: str, host: str | None, model: str | None, task: str,
         "schema_version": SCHEMA_VERSION, "time": now_iso(), "agent": agent, "host": host,
         "model": model, "task": task, "attempt": attempt, "run": run,
         "prefix_tokens": dict(prefix_tokens), "prefix_tokens_total": sum(prefix_tokens.values()),
-        "task_prompt_tokens": task_prompt_tokens, "token_counter": TOKEN_COUNTER,
-        "tokens_exact": False, "usage": usage,
+        "task_prompt_tokens": task_prompt_tokens, "task_prompt_counter": TOKEN_COUNTER,
+        "token_counter": token_counter, "tokens_exact": tokens_exact, "usage": usage,
         "usage_source": "agent-command" if usage is not None else None,
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
         "outcome": outcome, "interrupted": interrupted,

@@ -61,6 +61,9 @@ from fleet_runner.records import (
 )
 from fleet_runner.snapshot import diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
+from fleet_runner.tokens import prefix_tokens as counted_prefix
+
+PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokens/prefix_counts.py writes it at render
 
 PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
 GAVE_UP, REFUSED = "gave-up", "refused"
@@ -483,7 +486,9 @@ class Runner:
                 prefix_tokens=entry.get("prefix_tokens", {}),
                 task_prompt_tokens=entry.get("task_prompt_tokens", 0), usage=None,
                 duration_s=None, outcome="interrupted by a runner stop", interrupted=True,
-                calls=called, tool_calls=tool_calls))
+                calls=called, tool_calls=tool_calls,
+                token_counter=entry.get("token_counter", TOKEN_COUNTER),
+                tokens_exact=entry.get("tokens_exact", False)))
         task.progress.save()
         self.log(f"task {task.message.id} attempt {n}: interrupted by a runner stop "
                  f"(left-over process group killed: {killed})")
@@ -546,11 +551,13 @@ class Runner:
             branch=config.sync.branch if config.sync else None)
         full_prompt = prefix.text + "\n\n" + task_prompt
         (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
-        prefix_tokens = prefix.tokens(count_tokens)
+        prefix_tokens, counter, exact = counted_prefix(
+            prefix.components, task.release / "agents" / self.paths.agent / PREFIX_COUNTS)
         entry: dict[str, Any] = {
             "attempt": n, "run": run, "state": RUNNING, "started": now_iso(),
             "release": os.fspath(task.release), "prefix_tokens": prefix_tokens,
-            "task_prompt_tokens": count_tokens(task_prompt), "token_counter": TOKEN_COUNTER}
+            "task_prompt_tokens": count_tokens(task_prompt), "token_counter": counter,
+            "tokens_exact": exact}
         progress.attempts.append(entry)
         progress.save()
         if self._synced(task) and start_commit and config.sync:
@@ -587,7 +594,8 @@ class Runner:
             task_prompt_tokens=entry["task_prompt_tokens"],
             usage=parse_usage(inv.stdout_path), duration_s=inv.duration_s,
             outcome=inv.describe(), interrupted=inv.stopped == "shutdown",
-            calls=called, tool_calls=tool_calls))
+            calls=called, tool_calls=tool_calls, token_counter=entry["token_counter"],
+            tokens_exact=entry["tokens_exact"]))
         if inv.stopped == "shutdown":
             self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
