@@ -283,6 +283,16 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                                       hint=f"capabilities defined: "
                                       f"{', '.join(capabilities) or '(none)'}")
             check_bridged_servers(path, role)
+            direct = [name for name, decl in role.mcp_servers.items()
+                      if getattr(decl, "via", "mcp") == "mcp" and decl.command is not None]
+            if direct and role.agent_command is not None and \
+                    not any("{mcp_config}" in word for word in role.agent_command):
+                # The runner would stop at startup on the host; say so here, before a ship.
+                raise input_error(path, node, ["agent_command"],
+                                  f"MCP servers {', '.join(direct)} are via: mcp, so the agent "
+                                  "command must take them: put {mcp_config} where it reads an "
+                                  "MCP config file (e.g. --mcp-config {mcp_config})",
+                                  hint="or set via: bridge and add the mcp-bridge skill")
             rendered: dict[str, str] = {}
             for i, capability in enumerate(role.capabilities):
                 for name in capabilities[capability].templates:

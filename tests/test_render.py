@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetctl.blueprint import load_blueprint
 from fleetctl.errors import InputError
@@ -266,3 +267,18 @@ def test_via_bridge_needs_a_command_and_via_is_mcp_or_bridge(tmp_path):
 def test_a_role_without_mcp_servers_gets_no_bridge_config(tmp_path):
     bp = make_project(tmp_path, {"runner": {"a": "x"}})
     assert _render(tmp_path, bp).manifest.get("agents/w1/mcp-bridge.json") is None
+
+
+def test_via_mcp_servers_need_the_placeholder_in_the_agent_command_at_load(tmp_path):
+    """The runner refuses such a role at startup on the host; fleetctl says so before a ship."""
+    bp = make_project(tmp_path, {"runner": {"a": "x"}}, roles={"worker": {
+        "prompt": "p", "agent_command": ["agent", "-p"],
+        "mcp_servers": {"tracker": {"command": ["tracker-mcp"]}}}})
+    with pytest.raises(InputError) as caught:
+        load_blueprint(bp)
+    assert "worker.yaml:" in caught.value.message and "agent_command" in caught.value.message
+    assert "{mcp_config}" in caught.value.message
+    (bp / "roles" / "worker.yaml").write_text(yaml.safe_dump({
+        "prompt": "p", "agent_command": ["agent", "--mcp-config", "{mcp_config}"],
+        "mcp_servers": {"tracker": {"command": ["tracker-mcp"]}}}))
+    assert "worker" in load_blueprint(bp).roles

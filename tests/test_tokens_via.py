@@ -172,3 +172,13 @@ def test_live_dead_weight_counts_bridged_tools_as_reached_through_the_bridge(tmp
     assert "MCP servers tracker (2 tools), wiki (33 tools, via bridge)" in text
     assert f"bridged server wiki ({wiki_line})" in text
 
+
+
+def test_compare_on_a_role_already_behind_the_bridge_says_there_is_nothing_to_move(tmp_path):
+    project = make_tokens_project(tmp_path, {"bridged": _role(
+        {"tracker": {"via": "bridge", "command": NOWHERE}})}, skills=SKILLS)
+    run = tokens("bridged", "--compare", "mcp", project=project)
+    assert run.code == 0, run.stdout + run.stderr
+    assert "every server is already behind the bridge CLI (via: bridge): nothing to move" \
+        in run.stdout
+    assert "0 tools still reachable" not in run.stdout

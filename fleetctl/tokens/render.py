@@ -198,6 +198,9 @@ def _compare_lines(c: Comparison) -> list[str]:
     if c.saving_tokens is None:
         return [f"--compare mcp ({servers}): not measured (a server could not be listed); "
                 f"never counted as a saving. With the bridge: {c.bridge.total_tokens:,} tokens."]
+    if not c.tools_moved:
+        return [f"--compare mcp ({servers}): every server is already behind the bridge CLI "
+                f"(via: bridge): nothing to move; the prefix is {c.bridge.total_tokens:,} tokens"]
     return [f"--compare mcp ({servers}): as declared {c.declared_total:,} tokens, with the "
             f"bridge CLI {c.bridge.total_tokens:,}: saves {c.saving_tokens:,} "
             f"({c.saving_pct:.1f}%) a turn",
