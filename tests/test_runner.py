@@ -710,19 +710,6 @@ def test_every_run_record_has_the_documented_keys(make_fleet, how):
     assert passed["stale_group_killed"] is False and passed["note"] is None
 
 
-def test_a_missing_agent_command_is_a_config_error(make_fleet, tmp_path):
-    fleet = make_fleet("clean")
-    config = fleet.root / "current" / "agents" / AGENT / "agent.yaml"
-    os.chmod(config, 0o644)
-    text = config.read_text()
-    config.write_text("\n".join(ln for ln in text.splitlines()
-                                if not ln.startswith("agent_command:")) + "\n")
-    fleet.drop("c1", kind="agent", channel=None)
-    done = fleet.run()
-    assert done.returncode == 2 and "agent_command is not set" in done.stderr
-    assert fleet.where("c1") == ["processing"]  # kept until the config is fixed
-
-
 def test_show_prefix_prints_the_components_and_exact_counts(make_fleet):
     fleet = make_fleet("clean")
     done = subprocess.run(fleet.argv("--show-prefix"), env=fleet.env(), capture_output=True,

@@ -112,7 +112,9 @@ def test_the_runners_prefix_with_a_bridged_server_is_fleetctl_tokens_prefix(make
 
 
 def test_via_mcp_servers_without_the_placeholder_stop_the_runner_at_startup(make_fleet):
-    fleet = make_fleet("clean", role={"mcp_servers": {"tracker": TRACKER}})
+    # fleetctl refuses such a role when the blueprint loads; the runner must refuse an
+    # agent.yaml that says so all the same (hand-edited, or rendered by an older fleetctl).
+    fleet = make_fleet("clean", config={"mcp_servers": {"tracker": {"via": "mcp", **TRACKER}}})
     fleet.drop("t1", kind="agent", channel=None)
     done = fleet.run()
     assert done.returncode == 2

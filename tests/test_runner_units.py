@@ -129,12 +129,41 @@ def test_message_shape():
         (b"not json", "not UTF-8 JSON"),
         (b"[]", "not a JSON object"),
         (b'{"id": "../x", "from": {"kind": "agent", "name": "p"}, "text": ""}', "id:"),
-        (b'{"id": "a", "from": {"kind": "bot", "name": "p"}, "text": ""}', "from:"),
+        (b'{"id": "a", "text": ""}', "from: required"),
+        (b'{"id": "a", "from": {"name": "p"}, "text": ""}', "from.kind: required"),
         (b'{"id": "a", "from": {"kind": "human", "name": "p"}, "text": "x"}', "channel:"),
         (b'{"id": "a", "from": {"kind": "agent", "name": "p"}}', "text:"),
     ]:
         with pytest.raises(MessageError, match=problem):
             parse_message(body)
+
+
+def test_a_sender_kind_not_allowed_is_named_as_such():
+    body = b'{"id": "a", "from": {"kind": "robot", "name": "p"}, "channel": "#c", "text": "x"}'
+    with pytest.raises(MessageError) as caught:
+        parse_message(body)
+    assert str(caught.value) == ('from.kind: "robot" is not one of the allowed kinds, '
+                                 '"human" or "agent"')
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('max_retries: "3"', "max_retries: expected int, got str"),
+    ("max_retries: -1", "max_retries: must be 0 or more"),
+    ("timeout_s: 0", "timeout_s: must be a number of seconds above 0"),
+    ('skills: ["reply", 1]', "skills: every item must be a string"),
+    ("agent_command: []", "agent_command: must not be empty"),
+    ('writes: ["!"]', "writes: '!': matches nothing"),
+    ('credentials_dir: "creds"', "credentials_dir: must be an absolute path"),
+    ('sync: {"branch": "a..b"}', "sync.branch: expected a branch name"),
+    ('mcp_servers: {"w": {"command": []}}', "mcp_servers.w.command: expected a non-empty"),
+])
+def test_config_type_errors_name_the_line_like_parse_errors(tmp_path, line, problem):
+    config = tmp_path / "c1.yaml"
+    config.write_text('# rendered by fleetctl\nagent: "a"\n\nrole: "r"\nprompt: "p"\n'
+                      f'host: "h1"\n{line}\nmodel: null\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert str(caught.value).startswith(f"{config}:7: {problem}"), str(caught.value)
 
 
 # -- snapshots ------------------------------------------------------------------------------

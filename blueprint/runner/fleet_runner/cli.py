@@ -1,8 +1,9 @@
 """The command line: ``fleet-runner --agent NAME --root ROOT [options]``.
 
 Exit statuses: 0 stopped cleanly (SIGTERM/SIGINT, or ``--once`` with the inbox drained);
-2 the agent cannot be served (bad arguments, config or release; the message being worked on,
-if any, stays in ``processing/`` for the next start); 3 another runner already serves this
+2 the agent cannot be served (bad arguments, config or release: checked at startup, before any
+message is claimed, and again for each task; the message being worked on, if any, stays in
+``processing/`` for the next start); 3 another runner already serves this
 agent (its lock is held). When ``current`` is switched to another release, the runner replaces
 itself (``exec``) with that release's runner, keeping its pid, at the next point between tasks
 (after a task is decided, or while the inbox is empty).
@@ -19,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fleet_runner.config import ConfigError, load_config
+from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions
 from fleet_runner.paths import agent_paths
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.show_prefix:
             return _show_prefix(paths)
-        load_config(paths.config)  # fail fast on a broken config
+        # Fail fast, before a message is claimed: a config no task could run with stops the
+        # runner here (exit 2), not on the first message (which would then wait in processing/).
+        check_servable(load_config(paths.config), args.agent, paths.skills)
     except (ConfigError, PrefixError) as exc:
         print(f"fleet-runner: {exc}", file=sys.stderr)
         return EXIT_ERROR

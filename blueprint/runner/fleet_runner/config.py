@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ class AgentConfig:
         mcp_servers: the role's MCP servers that can be started, in name order (``()`` when
             the key is missing, as in configs rendered before it existed).
         path: the file it was read from.
+        lines: the line of each key in that file (for error messages), or empty.
     """
 
     agent: str
@@ -115,6 +117,7 @@ class AgentConfig:
     sync: SyncConfig | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     path: Path | None = None
+    lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def bridged_servers(self) -> list[str]:
@@ -166,7 +169,17 @@ def parse_config_text(text: str, where: str = "agent.yaml") -> dict[str, Any]:
     Raises:
         ConfigError: a line that is not ``key: <JSON>``, or a key given twice.
     """
+    return _parse_lines(text, where)[0]
+
+
+def _parse_lines(text: str, where: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """Parse ``key: <JSON>`` lines into a dict and the line number of each key (1-based).
+
+    Raises:
+        ConfigError: a line that is not ``key: <JSON>``, or a key given twice.
+    """
     data: dict[str, Any] = {}
+    lines: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -182,35 +195,46 @@ def parse_config_text(text: str, where: str = "agent.yaml") -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}:{number}: {key}: not a JSON value ({exc.msg}); "
                               "agent.yaml values are rendered with tojson") from None
-    return data
+        lines[key] = number
+    return data, lines
 
 
-def _want(data: dict[str, Any], key: str, kinds: tuple[type, ...], where: str,
+_Where = Callable[[str], str]
+"""Where a key is, for an error message: ``FILE:LINE`` when the line is known, else ``FILE``."""
+
+
+def _locator(where: str, lines: Mapping[str, int] | None) -> _Where:
+    known = dict(lines or {})
+    return lambda key: f"{where}:{known[key]}" if key in known else where
+
+
+def _want(data: dict[str, Any], key: str, kinds: tuple[type, ...], at: _Where,
           required: bool = False) -> Any:
     value = data.get(key)
     if value is None:
         if required:
-            raise ConfigError(f"{where}: {key}: required")
+            raise ConfigError(f"{at(key)}: {key}: required")
         return None
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = " or ".join(k.__name__ for k in kinds)
-        raise ConfigError(f"{where}: {key}: expected {names}, got {type(value).__name__}")
+        raise ConfigError(f"{at(key)}: {key}: expected {names}, got {type(value).__name__}")
     return value
 
 
 _REF_NAME = re.compile(r"^[A-Za-z0-9._/-]+$")
 
 
-def _sync(data: dict[str, Any], where: str) -> SyncConfig | None:
+def _sync(data: dict[str, Any], at: _Where) -> SyncConfig | None:
     """``sync: {"remote": "origin", "branch": "main"}`` (remote optional) or null.
 
     Raises:
         ConfigError: not an object, no branch, or a name git would take for an option or a
             range (the same patterns as fleetctl's role schema).
     """
-    value = _want(data, "sync", (dict,), where)
+    value = _want(data, "sync", (dict,), at)
     if value is None:
         return None
+    where = at("sync")
     unknown = set(value) - {"remote", "branch"}
     if unknown:
         raise ConfigError(f"{where}: sync: unknown key(s) {', '.join(sorted(unknown))}")
@@ -222,42 +246,43 @@ def _sync(data: dict[str, Any], where: str) -> SyncConfig | None:
     return SyncConfig(branch=branch, remote=remote)
 
 
-def _mcp_servers(data: dict[str, Any], where: str) -> tuple[McpServer, ...]:
+def _mcp_servers(data: dict[str, Any], at: _Where) -> tuple[McpServer, ...]:
     """``mcp_servers: {NAME: {"via": ..., "command": [...], "env": {...}, "cwd": ...}}`` or null.
 
     Raises:
         ConfigError: not that shape (names the server and the key).
     """
-    value = _want(data, "mcp_servers", (dict,), where)
+    value = _want(data, "mcp_servers", (dict,), at)
+    where = at("mcp_servers")
     out = []
     for name, spec in sorted((value or {}).items()):
-        at = f"{where}: mcp_servers.{name}"
+        spot = f"{where}: mcp_servers.{name}"
         if not _SERVER_NAME.match(name):
-            raise ConfigError(f"{at}: a server name is 1 to 64 letters, digits, '_' or '-'")
+            raise ConfigError(f"{spot}: a server name is 1 to 64 letters, digits, '_' or '-'")
         if not isinstance(spec, dict):
-            raise ConfigError(f"{at}: expected an object")
+            raise ConfigError(f"{spot}: expected an object")
         unknown = set(spec) - {"via", "command", "env", "cwd"}
         if unknown:
-            raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+            raise ConfigError(f"{spot}: unknown key(s) {', '.join(sorted(unknown))}")
         via = spec.get("via") or VIA_MCP
         if via not in (VIA_MCP, VIA_BRIDGE):
-            raise ConfigError(f"{at}.via: expected mcp or bridge, got {via!r}")
+            raise ConfigError(f"{spot}.via: expected mcp or bridge, got {via!r}")
         command = spec.get("command")
         if not (isinstance(command, list) and command
                 and all(isinstance(w, str) for w in command) and command[0].strip()):
-            raise ConfigError(f"{at}.command: expected a non-empty list of strings")
+            raise ConfigError(f"{spot}.command: expected a non-empty list of strings")
         env = spec.get("env") or {}
         if not (isinstance(env, dict)
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-            raise ConfigError(f"{at}.env: expected an object of strings")
+            raise ConfigError(f"{spot}.env: expected an object of strings")
         cwd = spec.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
-            raise ConfigError(f"{at}.cwd: expected a string or null")
+            raise ConfigError(f"{spot}.cwd: expected a string or null")
         out.append(McpServer(name, via, tuple(command), dict(env), cwd or None))
     return tuple(out)
 
 
-def _check_mcp(config: AgentConfig, where: str) -> AgentConfig:
+def _check_mcp(config: AgentConfig, at: _Where) -> AgentConfig:
     """Refuse MCP servers the agent could not reach.
 
     Raises:
@@ -267,12 +292,12 @@ def _check_mcp(config: AgentConfig, where: str) -> AgentConfig:
     """
     bridged = config.bridged_servers
     if bridged and BRIDGE_SKILL not in config.skills:
-        raise ConfigError(f"{where}: mcp_servers: {', '.join(bridged)} are via: bridge but "
-                          f"skills has no {BRIDGE_SKILL} (the CLI that reaches them)")
+        raise ConfigError(f"{at('mcp_servers')}: mcp_servers: {', '.join(bridged)} are via: "
+                          f"bridge but skills has no {BRIDGE_SKILL} (the CLI that reaches them)")
     direct = [s.name for s in config.direct_servers]
     if direct and config.agent_command and not config.uses_mcp_config:
         raise ConfigError(
-            f"{where}: agent_command has no {MCP_CONFIG}, so the MCP server(s) "
+            f"{at('agent_command')}: agent_command has no {MCP_CONFIG}, so the MCP server(s) "
             f"{', '.join(direct)} (via: mcp) would never reach the agent: add the agent CLI's "
             f"option with {MCP_CONFIG} to agent_command (for claude: \"--mcp-config\", "
             f"\"{MCP_CONFIG}\"), or declare the servers via: bridge")
@@ -280,58 +305,100 @@ def _check_mcp(config: AgentConfig, where: str) -> AgentConfig:
 
 
 def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
-                     path: Path | None = None) -> AgentConfig:
+                     path: Path | None = None,
+                     lines: Mapping[str, int] | None = None) -> AgentConfig:
     """Validate parsed config data.
+
+    Args:
+        data: the parsed keys (:func:`parse_config_text`).
+        where: the file's name, for error messages.
+        path: the file it was read from, kept in the config.
+        lines: the line of each key in the file; an error about a key then names its line
+            (``agent.yaml:7: max_retries: expected int, got str``). Default none: the file only.
 
     Raises:
         ConfigError: a missing required key or a value of the wrong type (names the key), or
             MCP servers the agent could not reach (``via: bridge`` without the ``mcp-bridge``
             skill; ``via: mcp`` while ``agent_command`` has no ``{mcp_config}``).
     """
-    skills = _want(data, "skills", (list,), where) or []
-    command = _want(data, "agent_command", (list,), where)
+    at = _locator(where, lines)
+    skills = _want(data, "skills", (list,), at) or []
+    command = _want(data, "agent_command", (list,), at)
     for name, items in (("skills", skills), ("agent_command", command or [])):
         if not all(isinstance(item, str) for item in items):
-            raise ConfigError(f"{where}: {name}: every item must be a string")
+            raise ConfigError(f"{at(name)}: {name}: every item must be a string")
     if command is not None and not command:
-        raise ConfigError(f"{where}: agent_command: must not be empty")
-    retries = _want(data, "max_retries", (int,), where)
+        raise ConfigError(f"{at('agent_command')}: agent_command: must not be empty")
+    retries = _want(data, "max_retries", (int,), at)
     if retries is not None and retries < 0:
-        raise ConfigError(f"{where}: max_retries: must be 0 or more")
-    timeout = _want(data, "timeout_s", (int, float), where)
+        raise ConfigError(f"{at('max_retries')}: max_retries: must be 0 or more")
+    timeout = _want(data, "timeout_s", (int, float), at)
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-        raise ConfigError(f"{where}: timeout_s: must be a number of seconds above 0")
-    credentials_dir = _want(data, "credentials_dir", (str,), where) or None
+        raise ConfigError(f"{at('timeout_s')}: timeout_s: must be a number of seconds above 0")
+    credentials_dir = _want(data, "credentials_dir", (str,), at) or None
     if credentials_dir is not None and not os.path.isabs(credentials_dir):
-        raise ConfigError(f"{where}: credentials_dir: must be an absolute path, got "
-                          f"{credentials_dir!r}")
-    writes = _want(data, "writes", (list,), where)
+        raise ConfigError(f"{at('credentials_dir')}: credentials_dir: must be an absolute path, "
+                          f"got {credentials_dir!r}")
+    writes = _want(data, "writes", (list,), at)
     if writes is not None:
         if not all(isinstance(item, str) for item in writes):
-            raise ConfigError(f"{where}: writes: every item must be a string")
+            raise ConfigError(f"{at('writes')}: writes: every item must be a string")
         try:
             compile_scope(writes)
         except ScopeError as exc:
-            raise ConfigError(f"{where}: writes: {exc}") from None
+            raise ConfigError(f"{at('writes')}: writes: {exc}") from None
     return _check_mcp(AgentConfig(
-        agent=_want(data, "agent", (str,), where, required=True),
-        role=_want(data, "role", (str,), where) or "",
-        prompt=_want(data, "prompt", (str,), where, required=True),
+        agent=_want(data, "agent", (str,), at, required=True),
+        role=_want(data, "role", (str,), at) or "",
+        prompt=_want(data, "prompt", (str,), at, required=True),
         skills=tuple(skills),
-        check=_want(data, "check", (str,), where) or None,
+        check=_want(data, "check", (str,), at) or None,
         max_retries=DEFAULT_MAX_RETRIES if retries is None else retries,
         agent_command=tuple(command) if command else None,
         timeout_s=float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S,
-        model=_want(data, "model", (str,), where) or None,
-        budget_tokens=_want(data, "budget_tokens", (int,), where),
-        host=_want(data, "host", (str,), where),
-        vars=_want(data, "vars", (dict,), where) or {},
+        model=_want(data, "model", (str,), at) or None,
+        budget_tokens=_want(data, "budget_tokens", (int,), at),
+        host=_want(data, "host", (str,), at),
+        vars=_want(data, "vars", (dict,), at) or {},
         credentials_dir=credentials_dir,
         writes=tuple(writes) if writes is not None else None,
-        sync=_sync(data, where),
-        mcp_servers=_mcp_servers(data, where),
+        sync=_sync(data, at),
+        mcp_servers=_mcp_servers(data, at),
         path=path,
-    ), where)
+        lines=dict(lines or {}),
+    ), at)
+
+
+def check_servable(config: AgentConfig, agent: str, skills_dir: Path) -> None:
+    """Refuse a config the runner could not serve a single task with, before any is claimed.
+
+    :func:`load_config` checks each key on its own; this checks what only the whole config,
+    the agent served and the release together say.
+
+    Args:
+        config: the loaded config.
+        agent: the agent the runner serves (``--agent``).
+        skills_dir: the release's ``skills`` directory.
+
+    Raises:
+        ConfigError: the config is another agent's, ``agent_command`` is not set, it uses
+            ``{model}`` while ``model`` is null, or a skill of the role has no directory in
+            the release.
+    """
+    at = _locator(os.fspath(config.path or "agent.yaml"), config.lines)
+    if config.agent != agent:
+        raise ConfigError(f"{at('agent')}: agent: this is the config of agent {config.agent!r}, "
+                          f"not of {agent!r} (--agent): give the config of the agent served")
+    if not config.agent_command:
+        raise ConfigError(f"{at('agent_command')}: agent_command is not set: the runner has no "
+                          "command to run the model (set agent_command in the role)")
+    if any("{model}" in arg for arg in config.agent_command) and not config.model:
+        raise ConfigError(f"{at('agent_command')}: agent_command uses {{model}} but model is "
+                          "null (set model in the role, or drop {model})")
+    missing = [s for s in config.skills if not (Path(skills_dir) / s).is_dir()]
+    if missing:
+        raise ConfigError(f"{at('skills')}: skills: {', '.join(missing)} not in the release (no "
+                          f"directory {Path(skills_dir) / missing[0]})")
 
 
 def load_config(path: Path) -> AgentConfig:
@@ -348,4 +415,5 @@ def load_config(path: Path) -> AgentConfig:
             f"{path}: agent config not found (is the agent in this release?)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the agent config: {exc}") from None
-    return config_from_data(parse_config_text(text, str(path)), str(path), path)
+    data, lines = _parse_lines(text, str(path))
+    return config_from_data(data, str(path), path, lines)

@@ -22,8 +22,9 @@ Moves, each an atomic rename within the state directory:
 ``inbox/ → processing/`` before any work; ``processing/ → done/`` when the task passed
 verification; ``processing/ → failed/`` when it gave up, was denied, was invalid (including a
 directory, symlink or other non-regular file named ``*.json``), or repeats an id already
-finished. A message that cannot be read now (an ``OSError``: permissions, I/O) is not moved: it
-stays in the inbox and is tried again at the next scan. A name already present in the
+finished. A message that cannot be read or moved now (an ``OSError``: permissions, I/O; for
+example a directory named ``*.json`` that the agent's user may not move) is not moved: it stays
+in the inbox and is tried again at the next scan. A name already present in the
 destination gets a ``.<n>`` before ``.json``.
 """
 
@@ -91,8 +92,14 @@ def parse_message(data: bytes) -> Message:
         raise MessageError("id: required, 1-128 of letters, digits and ._:@+- "
                            "(starting with a letter or digit)")
     sender = obj.get("from")
-    if not isinstance(sender, dict) or sender.get("kind") not in (HUMAN, AGENT):
+    if not isinstance(sender, dict):
         raise MessageError('from: required, {"kind": "human"|"agent", "name": ...}')
+    kind = sender.get("kind")
+    if kind is None:
+        raise MessageError('from.kind: required, "human" or "agent"')
+    if kind not in (HUMAN, AGENT):
+        raise MessageError(f'from.kind: {json.dumps(kind)[:60]} is not one of the allowed kinds, '
+                           '"human" or "agent"')
     name = sender.get("name")
     if not isinstance(name, str) or not name:
         raise MessageError("from.name: required, a non-empty string")
@@ -175,7 +182,12 @@ class Spool:
         return self._listed(self.processing)
 
     def claim(self, path: Path) -> Path | None:
-        """Move an inbox message into ``processing/``; ``None`` if it is gone already."""
+        """Move an inbox message into ``processing/``; ``None`` if it is gone already.
+
+        Raises:
+            OSError: it cannot be moved now (for example ``EACCES``: a directory owned by another
+                user, whose ``..`` entry a rename must update); it is left where it is.
+        """
         dest = self.processing / path.name
         if os.path.lexists(dest):
             dest = _free_name(self.processing, path.name)

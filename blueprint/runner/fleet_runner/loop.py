@@ -2,8 +2,8 @@
 
 For each message, oldest first, one at a time:
 
-1. read it, claim it (``inbox/ → processing/``) and parse it; a message that cannot be read now
-   (an ``OSError``) stays in the inbox, is logged (at most every
+1. read it, claim it (``inbox/ → processing/``) and parse it; a message that cannot be read or
+   claimed now (an ``OSError``) stays in the inbox, is logged (at most every
    :data:`UNREADABLE_LOG_INTERVAL_S`) and is tried again at the next scan; an invalid message
    (bad JSON or shape, or a directory, symlink or other non-regular file named ``*.json``) is
    escalated and moved to ``failed/``; a message whose id already finished is moved to
@@ -20,8 +20,9 @@ For each message, oldest first, one at a time:
    the agent command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
    snapshot, write the ledger line, then either stop at once on a permission denial or run
    every gate and write the run record; a pass finishes the task;
-4. when the last attempt failed: escalate through notify (task, failed verifications, last
-   failure), clear the task (``processing/ → failed/``), and go on with the next message.
+4. when the last attempt failed: escalate through notify (task, failed verifications and
+   interrupted attempts counted apart, last failure), clear the task
+   (``processing/ → failed/``), and go on with the next message.
 
 Between tasks (after one is decided, and when the inbox is empty) the caller may ask for a
 restart into a newly shipped release (``serve(release_changed=...)``).
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_runner import calls, evidence, gates, reposync
-from fleet_runner.config import AgentConfig, ConfigError, load_config
+from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
 from fleet_runner.invoke import kill_stale_group, process_start_ticks, reap_orphans, run_in_group
@@ -76,6 +77,11 @@ SYNC_FETCH_ATTEMPTS = 5
 message goes back to the inbox and is tried again later."""
 SYNC_RETRY_MAX_S = 900.0
 """The longest wait before a put-off sync is tried again, in seconds."""
+RUNNER_STOPPED, RUNNER_DIED = "runner-stop", "runner-died"
+"""Why an attempt was interrupted (``interrupted_by`` in progress.json): this runner was asked to
+stop (SIGTERM/SIGINT) and recorded it, or a runner died during it and the next start found it."""
+_INTERRUPTION_TEXT = {RUNNER_STOPPED: "interrupted by a runner stop",
+                      RUNNER_DIED: "interrupted: the runner died during this attempt"}
 
 
 class RunnerError(Exception):
@@ -103,6 +109,21 @@ class RunnerOptions:
 
 def _log(agent: str, text: str) -> None:
     print(f"fleet-runner[{agent}]: {text}", file=sys.stderr, flush=True)
+
+
+def _interruption_text(entry: dict[str, Any]) -> str:
+    """Why an interrupted attempt ended, from its progress entry (``interrupted`` alone for an
+    entry written by an older runner, which did not record it)."""
+    return _INTERRUPTION_TEXT.get(entry.get("interrupted_by", ""), "interrupted")
+
+
+def _escalation_text(escalation: dict[str, Any]) -> str:
+    """How an escalation went, for the log (``escalate()``'s ``via`` is ``None`` when nothing,
+    not even the runner's own spool file, got through)."""
+    via, error = escalation.get("via"), escalation.get("error")
+    if via is None:
+        return f"escalation NOT delivered ({error})"
+    return f"escalated via {via}" + (f" (notify CLI: {error})" if error else "")
 
 
 @dataclass
@@ -160,7 +181,8 @@ class Runner:
     def step(self) -> bool:
         """Take the oldest readable inbox message and process it; ``False`` if there is none.
 
-        A message that cannot be read (an ``OSError``) is left in the inbox for the next scan.
+        A message that cannot be read or moved into ``processing/`` (an ``OSError``) is left in
+        the inbox for the next scan, and the next message is taken.
         """
         pending = self.spool.pending()
         names = {p.name for p in pending}
@@ -181,21 +203,28 @@ class Runner:
             except OSError as exc:
                 self._note_unreadable(path, exc)
                 continue
+            try:
+                claimed = self.spool.claim(path)
+            except OSError as exc:
+                # It cannot be moved now (a directory the agent's user may not move, a full
+                # disk...): like an unreadable message, it stays and the next one is taken.
+                self._note_unreadable(path, exc, doing="move this message into processing/")
+                continue
             self._unreadable.pop(path.name, None)
-            claimed = self.spool.claim(path)
             if claimed is not None:
                 self.process(claimed)
                 return True
         return False
 
-    def _note_unreadable(self, path: Path, exc: OSError) -> None:
-        """Log an unreadable inbox message once, then at most every UNREADABLE_LOG_INTERVAL_S."""
-        error, now = str(exc), time.monotonic()
+    def _note_unreadable(self, path: Path, exc: OSError, doing: str = "read this message") -> None:
+        """Log an inbox message that cannot be read or claimed now (``doing`` says which) once,
+        then at most every UNREADABLE_LOG_INTERVAL_S while the error stays the same."""
+        error, now = f"{doing}: {exc}", time.monotonic()
         seen = self._unreadable.get(path.name)
         if seen is not None and seen[0] == error and now - seen[1] < UNREADABLE_LOG_INTERVAL_S:
             return
         self._unreadable[path.name] = (error, now)
-        self.log(f"{path}: cannot read this message ({error}); left in the inbox and tried "
+        self.log(f"{path}: cannot {doing} ({exc}); left in the inbox and tried "
                  f"again at each scan (logged again after {UNREADABLE_LOG_INTERVAL_S:g} s)")
 
     def serve(self, once: bool = False, release_changed: Callable[[], bool] | None = None) -> str:
@@ -250,7 +279,12 @@ class Runner:
             return self._invalid(path, str(exc))
         except OSError as exc:
             # Not its content: it cannot be read now. Back to the inbox, tried again later.
-            back = self.spool.unclaim(path)
+            try:
+                back = self.spool.unclaim(path)
+            except OSError as move_exc:
+                self.log(f"{path}: cannot read this message ({exc}) nor move it back to the "
+                         f"inbox ({move_exc}); left in processing/ for the next start")
+                return "unreadable"
             self._note_unreadable(back, exc)
             return "unreadable"
         task_dir = self.paths.runs / message.id
@@ -309,6 +343,7 @@ class Runner:
             pass  # a config given outside the release
         try:
             config = load_config(config_path)
+            check_servable(config, self.paths.agent, release / "skills")
         except ConfigError as exc:
             raise RunnerError(str(exc)) from None
         baseline_path = task_dir / "baseline.json"
@@ -437,7 +472,7 @@ class Runner:
             sync.get("detail", "")]))
         task.progress.final = {
             "outcome": REFUSED, "decided": now_iso(), "attempts": 0, "failed_verifications": 0,
-            "escalated": False,
+            "interrupted_attempts": 0, "escalated": False,
             "kind": "sync-conflict" if sync.get("status") == reposync.CONFLICT else REFUSED,
             "reason": f"Task {task.message.id} ({task.config.agent}) was not run: "
                       f"{sync.get('summary', 'the working repository could not be synced')}",
@@ -458,7 +493,9 @@ class Runner:
         if entry.get("pid"):
             killed = kill_stale_group(int(entry["pid"]), entry.get("proc_start"))
         entry.update(state=INTERRUPTED, verdict=INTERRUPTED, ended=now_iso(),
-                     stale_group_killed=killed)
+                     stale_group_killed=killed,
+                     interrupted_by=RUNNER_STOPPED if inv is not None else RUNNER_DIED)
+        why = _interruption_text(entry)
         n = entry["attempt"]
         message = task.message
         write_json_atomic(task.dir / f"attempt-{n}.json", {
@@ -475,9 +512,9 @@ class Runner:
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
             "stale_group_killed": killed,
-            "note": "the runner stopped during this attempt; it counts against max_retries"})
+            "note": f"{why}; it counts against max_retries"})
         calls.remove_shims(task.dir / f"attempt-{n}.shims")
-        if write_ledger:  # the turn's line was never written: the runner stopped before it
+        if write_ledger:  # the turn's line was never written: the runner died before it
             # The calls log survives the runner: the calls made before the crash still count.
             called, tool_calls = calls.count_calls(task.dir / f"attempt-{n}.calls")
             append_jsonl(self.paths.ledger, ledger_record(
@@ -485,12 +522,12 @@ class Runner:
                 task=task.message.id, attempt=n, run=entry["run"],
                 prefix_tokens=entry.get("prefix_tokens", {}),
                 task_prompt_tokens=entry.get("task_prompt_tokens", 0), usage=None,
-                duration_s=None, outcome="interrupted by a runner stop", interrupted=True,
+                duration_s=None, outcome=why, interrupted=True,
                 calls=called, tool_calls=tool_calls,
                 token_counter=entry.get("token_counter", TOKEN_COUNTER),
                 tokens_exact=entry.get("tokens_exact", False)))
         task.progress.save()
-        self.log(f"task {task.message.id} attempt {n}: interrupted by a runner stop "
+        self.log(f"task {task.message.id} attempt {n}: {why} "
                  f"(left-over process group killed: {killed})")
 
     def _agent_env(self, task: _Task, attempt: int, run: str,
@@ -676,23 +713,28 @@ class Runner:
 
     def _decide(self, task: _Task, outcome: str) -> str:
         attempts = task.progress.attempts
-        failures = sum(1 for a in attempts if a.get("verdict") in (FAILED, INTERRUPTED))
+        # A failed verification is an attempt whose gates ran and failed; an interrupted one
+        # counts against max_retries but verified nothing.
+        failures = sum(1 for a in attempts if a.get("verdict") == FAILED)
+        interrupted = sum(1 for a in attempts if a.get("verdict") == INTERRUPTED)
         last = attempts[-1] if attempts else {}
         final: dict[str, Any] = {"outcome": outcome, "decided": now_iso(),
                                  "attempts": len(attempts), "failed_verifications": failures,
-                                 "escalated": False}
+                                 "interrupted_attempts": interrupted, "escalated": False}
         if outcome == GAVE_UP:
             if last.get("verdict") == INTERRUPTED:
-                last_failure = "the attempt was interrupted by a runner stop"
+                last_failure = _interruption_text(last)
                 detail = ""
             else:
                 last_failure = "; ".join(f"{g['name']}: {g['summary']}"
                                          for g in last.get("failed_gates", []))
                 detail = "\n\n".join(f"[{g['name']}]\n{g.get('output', '')}"
                                      for g in last.get("failed_gates", []))
+            counts = f"{failures} failed verification(s)" + (
+                f" and {interrupted} interrupted attempt(s)" if interrupted else "")
             final["reason"] = (
-                f"Task {task.message.id} ({task.config.agent}) gave up after {failures} failed "
-                f"verification(s) in {len(attempts)} attempt(s) (max_retries="
+                f"Task {task.message.id} ({task.config.agent}) gave up after {counts} in "
+                f"{len(attempts)} attempt(s) (max_retries="
                 f"{task.config.max_retries}). Last failure (attempt {last.get('attempt')}): "
                 f"{last_failure}")
             final["detail"] = detail
@@ -725,12 +767,13 @@ class Runner:
                 detail=final.get("detail", ""))
             final["escalated"] = True
             progress.save()
-            self.log(f"task {task.message.id}: {outcome}; escalated "
-                     f"via {final['escalation']['via']}")
+            self.log(f"task {task.message.id}: {outcome}; "
+                     + _escalation_text(final["escalation"]))
         write_json_atomic(task.dir / "result.json", {
             "schema_version": SCHEMA_VERSION, "agent": self.paths.agent, "task": task.message.id,
             "outcome": outcome, "attempts": final.get("attempts"),
             "failed_verifications": final.get("failed_verifications"),
+            "interrupted_attempts": final.get("interrupted_attempts"),
             "reason": final.get("reason"), "escalation": final.get("escalation"),
             "decided": final.get("decided"), "sync": progress.sync})
         if self._synced(task):

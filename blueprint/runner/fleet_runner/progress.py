@@ -19,8 +19,10 @@
 - An attempt is ``"running"`` from just before the agent starts (``pid`` and ``proc_start``
   are added as soon as it runs) until its run record is written, then ``"finished"`` with its
   verdict. A restarted runner finding a ``"running"`` attempt kills what is left of that
-  process group, marks the attempt ``"interrupted"`` (it counts against ``max_retries``) and
-  goes on with the next attempt, told that the workspace may hold the interrupted work.
+  process group, marks the attempt ``"interrupted"`` with ``"interrupted_by": "runner-died"``
+  (it counts against ``max_retries``, not as a failed verification) and goes on with the next
+  attempt, told that the workspace may hold the interrupted work. An attempt a stop request
+  ended is marked by the stopping runner itself, ``"interrupted_by": "runner-stop"``.
 - ``final`` is set once the task's outcome is decided (``{"outcome": "pass"|"gave-up"|
   "denied", ...}``), before escalating and before the message leaves ``processing/``. A runner
   finding ``final`` set never runs the agent again: it only completes what is missing
