@@ -28,7 +28,6 @@ UNIT_SUFFIX = ".service"
 # %, $, quotes, backslashes and whitespace in unit files, so a value carrying one is refused
 # rather than rendered into a unit that systemd would read differently.
 _UNIT_PATH = re.compile(r"^/[A-Za-z0-9/._+:@-]*$")
-_UNIT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 def unit_name(agent: str) -> str:

@@ -162,7 +162,7 @@ def test_a_grant_that_does_not_fit_is_an_input_error_naming_file_line_and_key(
     fleet.configure(grants_a=grant)
     run = fleet.run("drift")
     assert run.code == 2 and "Traceback" not in run.stderr
-    assert f"inv.yaml:" in run.stderr and where in run.stderr and problem in run.stderr, run.stderr
+    assert "inv.yaml:" in run.stderr and where in run.stderr and problem in run.stderr, run.stderr
     assert "inline-value" not in run.stderr + run.stdout
 
 
