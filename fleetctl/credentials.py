@@ -29,6 +29,9 @@ CREDENTIALS_TOP = "credentials"
 TOP_MODE = "0755"
 DIR_MODE = "0700"
 FILE_MODE = "0600"
+#: The name prefix of a credential file a ship writes before renaming it into place; one left
+#: behind by an interrupted ship is fleetctl's own (drift origin ``pending``).
+LEFTOVER_PREFIX = ".fleetctl-new-"
 
 
 def is_credential_path(path: str) -> bool:

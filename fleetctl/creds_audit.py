@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fleetctl.blueprint import Blueprint
-from fleetctl.credentials import CREDENTIALS_TOP, is_credential_path
+from fleetctl.credentials import CREDENTIALS_TOP, LEFTOVER_PREFIX, is_credential_path
 from fleetctl.errors import (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, FleetctlError, worst_exit)
 from fleetctl.inventory import Agent, Grant, Host, Inventory
 from fleetctl.manifest import DIR, Manifest
@@ -441,7 +441,7 @@ def credential_findings(blueprint: Blueprint, host: Host, desired: Manifest,
             whose = (f"agent {agent}" if agent in agents else f"{agent}, which is no agent of "
                      "this host") if agent else "no agent"
             capability = by_name.get(parts[-1]) if len(parts) == 3 else None
-            if ".fleetctl-new-" in parts[-1]:
+            if parts[-1].startswith(LEFTOVER_PREFIX):
                 what = "a leftover temporary file of an interrupted ship"
             elif capability:
                 what = f"a {capability} file that no grant renders any more"

@@ -24,6 +24,7 @@ from typing import Callable
 
 import pathspec
 
+from fleetctl.credentials import is_credential_path
 from fleetctl.manifest import Entry, Manifest
 
 MISSING, EXTRA, TYPE, CONTENT, MODE, OWNER, TARGET = (
@@ -140,6 +141,6 @@ def compare(desired: Manifest, live: Manifest, shipped: Manifest | None,
 def _ignored(ignore: pathspec.PathSpec, path: str, entry: Entry | None) -> bool:
     # .fleetignore is for the release tree's runtime files; nothing under credentials/ may hide
     # from drift (ship removes what no grant renders, whatever its name).
-    if path == "credentials" or path.startswith("credentials/"):
+    if is_credential_path(path):
         return False
     return ignore.match_file(path + "/" if entry is not None and entry.type == "dir" else path)

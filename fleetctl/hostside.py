@@ -81,7 +81,7 @@ UNIT_SUFFIX = b".service"
 RECORD_SCHEMA = 1
 STATE_DIR = ".fleetctl"
 CREDS_DIR = b"credentials"
-CREDS_NEW = b".fleetctl-new-"
+CREDS_NEW = b".fleetctl-new-"  # = fleetctl.credentials.LEFTOVER_PREFIX (this file imports no fleetctl)
 ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 _out = sys.stdout.buffer
@@ -237,8 +237,9 @@ def os_error_text(exc):
     return exc.strerror or str(exc)
 
 
-def scan_tree(top, event_type="entry", prefix=b""):
-    """Stream the entries of ``top``; return (list of entry dicts, unreadable count).
+def scan_tree(top, event_type="entry", prefix=b"", emit_events=True):
+    """Describe the entries of ``top`` (streamed as events unless ``emit_events`` is false);
+    return (list of entry dicts, unreadable count).
 
     ``prefix`` is put before every path (the credentials tree is reported as ``credentials/...``).
     """
@@ -249,14 +250,16 @@ def scan_tree(top, event_type="entry", prefix=b""):
         if prefix:
             entry["path"] = dec(prefix) + entry["path"]
         entries.append(entry)
-        entry_event = dict(entry)
-        entry_event["t"] = event_type
-        emit(entry_event)
+        if emit_events:
+            entry_event = dict(entry)
+            entry_event["t"] = event_type
+            emit(entry_event)
 
     def bad(rel, exc):
         unreadable[0] += 1
-        emit({"t": "unreadable", "path": dec(prefix + rel).rstrip("/") or ".",
-              "error": os_error_text(exc)})
+        if emit_events:
+            emit({"t": "unreadable", "path": dec(prefix + rel).rstrip("/") or ".",
+                  "error": os_error_text(exc)})
 
     walk(top, sink, bad)
     return entries, unreadable[0]
@@ -396,22 +399,14 @@ def scan_credentials(root, emit_events):
         emit(event)
     if first["type"] != "dir":
         return [first], 0
-    if emit_events:
-        entries, bad = scan_tree(top + b"/", prefix=CREDS_DIR + b"/")
-    else:
-        entries, problems = [], []
-
-        def sink(entry):
-            entry["path"] = dec(CREDS_DIR + b"/") + entry["path"]
-            entries.append(entry)
-        walk(top + b"/", sink, lambda rel, exc: problems.append(rel))
-        bad = len(problems)
+    entries, bad = scan_tree(top + b"/", prefix=CREDS_DIR + b"/", emit_events=emit_events)
     return [first] + entries, bad
 
 
 def read_accounts(wanted):
     """Describe each agent's account: ``{user: {exists, group_exists, home, home_exists,
-    home_mode, home_owner}}`` (read-only)."""
+    home_mode, home_owner, passwd_home}}`` (read-only; ``passwd_home`` only for an existing
+    user)."""
     out = {}
     for account in wanted:
         user, group, home = account["user"], account["group"], account["home"]

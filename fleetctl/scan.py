@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any, Iterator
 
 from fleetctl.blueprint import Blueprint
-from fleetctl.credentials import is_credential_path
+from fleetctl.credentials import LEFTOVER_PREFIX, is_credential_path
 from fleetctl.drift import PENDING, Change, compare
 from fleetctl.hostcall import HostCall, LiveState, read_scan
 from fleetctl.inventory import Host
@@ -100,15 +100,12 @@ def desired_for(tree: DesiredTree, state: LiveState) -> Manifest:
     return tree.manifest.with_default_owner(state.owner)
 
 
-CREDENTIAL_LEFTOVER = ".fleetctl-new-"
-
-
 def _own_leftover(change: Change) -> Change:
     """A new credential file an interrupted ship left behind is fleetctl's own, never a
     hand-patch: the next ship removes it without needing --force."""
     name = change.path.rpartition("/")[2]
     if change.change == "extra" and is_credential_path(change.path) and \
-            name.startswith(CREDENTIAL_LEFTOVER):
+            name.startswith(LEFTOVER_PREFIX):
         return dataclasses.replace(change, origin=PENDING)
     return change
 

@@ -634,3 +634,11 @@ def test_a_fifo_swapped_in_never_hangs_the_scan():
         assert not thread.is_alive() and "error" in done
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_host_side_and_fleetctl_agree_on_the_leftover_prefix():
+    """hostside.py imports nothing of fleetctl, so the name is written twice: they must match."""
+    from fleetctl import hostside
+    from fleetctl.credentials import LEFTOVER_PREFIX
+
+    assert hostside.CREDS_NEW == LEFTOVER_PREFIX.encode()
