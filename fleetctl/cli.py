@@ -8,6 +8,7 @@ Data goes to stdout (or ``--output``); messages, progress and prompts go to stde
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,7 +26,9 @@ from fleetctl.inventory import Inventory, load_inventory
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
-from fleetctl.ship import ShipOptions, drift_host, run_hosts, ship_host
+from fleetctl.ship import (ShipOptions, drift_host, plan_host, run_hosts, ship_fleet,
+                           source_refusal)
+from fleetctl.source import SourceState, inspect_source
 
 app = typer.Typer(
     name="fleetctl",
@@ -42,10 +45,12 @@ def _load(inventory: Optional[Path], blueprint: Optional[Path],
     bp = load_blueprint(blueprint or project / "blueprint")
     inv = load_inventory(inventory or project / "inventory" / "demo.yaml", blueprint=bp)
     if timeout_s is not None:
-        from dataclasses import replace
-
         inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
     return inv, bp
+
+
+def _source(inv: Inventory, bp: Blueprint) -> SourceState:
+    return inspect_source(bp.root, bp.templates, inv.path)
 
 
 class BarProgress:
@@ -103,18 +108,18 @@ class ReportTarget:
 
 
 def _report(results: list[HostResult], command: str, fmt: Format, target: ReportTarget,
-            debug: bool) -> int:
+            debug: bool, source: SourceState | None = None) -> int:
     code = worst_exit([r.exit_code for r in results])
     if debug:
         for r in results:
             if r.debug:
                 err.print(r.debug, markup=False, highlight=False)
     if fmt is Format.json:
-        target.write(to_json(results, command, code))
+        target.write(to_json(results, command, code, source))
     elif fmt is Format.markdown:
-        target.write(to_markdown(results, f"fleetctl {command}"))
+        target.write(to_markdown(results, f"fleetctl {command}", source))
     else:
-        print_text(target.console(), results, command)
+        print_text(target.console(), results, command, source)
         target.write("")
     if not results:
         err.print("no hosts selected: the inventory has none")
@@ -148,9 +153,10 @@ def drift(
         inv, bp = _load(inventory, blueprint, timeout)
         selected = inv.select(hosts)
         target = ReportTarget(output)
+        source = _source(inv, bp)
         results = _with_progress(lambda p: run_hosts(
-            selected, lambda h: drift_host(bp, h, p), parallel, p))
-        return _report(results, "drift", fmt, target, debug)
+            selected, lambda h: drift_host(bp, h, p, source), parallel, p))
+        return _report(results, "drift", fmt, target, debug, source)
 
     _guard(body)
 
@@ -163,6 +169,16 @@ def ship(
     force: bool = typer.Option(False, "--force",
                                help="Overwrite hand-patches, conflicts and unknown content."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    allow_dirty: bool = typer.Option(
+        False, "--allow-dirty", help="Ship a blueprint with uncommitted or untracked files, or "
+        "outside git (recorded in the release)."),
+    renamed_from: Optional[str] = typer.Option(
+        None, "--renamed-from", metavar="OLD_NAME",
+        help="The one selected host was renamed on purpose: it records OLD_NAME as its identity; "
+        "record the inventory's name instead."),
+    skip_unreachable: bool = typer.Option(
+        False, "--skip-unreachable", help="Ship the hosts that can be reached even when others "
+        "cannot be connected to (the fleet is then split until they are shipped)."),
     inventory: Optional[Path] = InventoryOpt,
     blueprint: Optional[Path] = BlueprintOpt,
     fmt: Format = FormatOpt,
@@ -180,11 +196,19 @@ def ship(
         inv, bp = _load(inventory, blueprint, timeout)
         selected = inv.select(hosts)
         target = ReportTarget(output)
-        options = ShipOptions(force=force, dry_run=dry_run)
-        if not dry_run and not yes and sys.stdin.isatty() and err.is_terminal:
+        source = _source(inv, bp)
+        options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
+                              renamed_from=renamed_from, skip_unreachable=skip_unreachable)
+        refusal = source_refusal(source, options)
+        if dry_run or refusal is not None:
+            results = [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,
+                                  step="source") for h in selected] if refusal else \
+                _with_progress(lambda p: run_hosts(
+                    selected, lambda h: plan_host(bp, h, options, source, p), parallel, p))
+            return _report(results, "ship", fmt, target, debug, source)
+        if not yes and sys.stdin.isatty() and err.is_terminal:
             plans = _with_progress(lambda p: run_hosts(
-                selected, lambda h: ship_host(bp, h, ShipOptions(force=force, dry_run=True), p),
-                parallel, p))
+                selected, lambda h: plan_host(bp, h, options, source, p), parallel, p))
             print_text(err, plans, "ship plan")
             # Changes to confirm: a new release, or runner unit files to write or remove. A
             # systemd host with neither is still shipped (its units enabled and started, which
@@ -193,8 +217,8 @@ def ship(
                     or (p.status == "no-op" and p.services and p.services.changes_files)]
             units_only = [p for p in plans if p.status == "no-op" and p.services is not None]
             if not todo and not units_only:
-                return _report(plans, "ship", fmt, target, debug) if fmt is not Format.text \
-                    else worst_exit([p.exit_code for p in plans])
+                return _report(plans, "ship", fmt, target, debug, source) \
+                    if fmt is not Format.text else worst_exit([p.exit_code for p in plans])
             count = sum(len(p.changes) for p in todo)
             unit_count = sum(len(p.services.installed) + len(p.services.removed)
                              for p in todo if p.services)
@@ -205,13 +229,13 @@ def ship(
                 for p in todo:
                     p.status, p.error = "declined", "not confirmed; nothing was written"
                 err.print("nothing shipped")
-                return _report(plans, "ship", fmt, target, debug) if fmt is not Format.text \
-                    else EXIT_REFUSED
-            options = ShipOptions(force=force, approved={p.host: p.plan_digest for p in plans
-                                                         if p.plan_digest})
-        results = _with_progress(lambda p: run_hosts(
-            selected, lambda h: ship_host(bp, h, options, p), parallel, p))
-        return _report(results, "ship", fmt, target, debug)
+                return _report(plans, "ship", fmt, target, debug, source) \
+                    if fmt is not Format.text else EXIT_REFUSED
+            options = replace(options, approved={p.host: p.plan_digest for p in plans
+                                                 if p.plan_digest})
+        results = _with_progress(lambda p: ship_fleet(bp, selected, options, source,
+                                                      parallel, p))
+        return _report(results, "ship", fmt, target, debug, source)
 
     _guard(body)
 

@@ -47,6 +47,10 @@ class HostError(FleetctlError):
         self.step = step
 
 
+class IncompleteScan(HostError):
+    """The scan could not read every path, so nothing can be claimed or shipped over it."""
+
+
 class HostKeyError(HostError):
     """A host's key is unknown to known_hosts or does not match it (DESIGN.md invariant 7)."""
 

@@ -86,6 +86,14 @@ class LiveState:
             ``group_exists``, ``home``, ``home_exists``, ``home_mode`` (``"0700"`` or
             ``None``), ``home_owner`` (``"user:group"`` or ``None``); ``None`` when the
             request named no account.
+        identity: the host identity recorded at adoption, ``{"name", "id", "adopted"}``;
+            ``{"problem": ...}`` when the file is there but unusable; ``None`` if none.
+        meta: the provenance of the current release from its record (``source``, ``created``,
+            ``shipped_by``, ``forced``, ``host``...; docs/provenance.md); ``{}`` if it has none.
+        ship_in_progress: for a scan, the process holding the host's ship lock (``"pid N"``),
+            or ``None``.
+        created_root: for a ship, whether taking the lock created the (empty) root.
+        root_key: for a ship, the machine and inode of the root (equal keys: same directory).
     """
 
     user: str = ""
@@ -100,6 +108,18 @@ class LiveState:
     warnings: list[str] = field(default_factory=list)
     units: dict[str, Any] | None = None
     accounts: dict[str, dict[str, Any]] | None = None
+    identity: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    ship_in_progress: str | None = None
+    created_root: bool = False
+    root_key: str | None = None
+
+    @property
+    def commit(self) -> str | None:
+        """The blueprint commit the current release was rendered from, if its record says."""
+        source = self.meta.get("source")
+        commit = source.get("commit") if isinstance(source, dict) else None
+        return commit if isinstance(commit, str) else None
 
     @property
     def owner(self) -> str:
@@ -126,15 +146,34 @@ class HostCall:
         self._chan: Channel = transport.start([python, "-c", BOOTSTRAP])
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
-        self._timer = threading.Timer(timeout_s, self._expire) if timeout_s else None
-        if self._timer:
-            self._timer.daemon = True
-            self._timer.start()
+        self._timeout_s = timeout_s
+        self._timer: threading.Timer | None = None
+        self.arm()
         self._buffer = b""
         try:
             self.send(frame(_hostside_source()) + frame(encode_json(request)))
         except OSError:
-            pass  # the process died at once; events() reports why from its stderr
+            if self._timed_out:
+                raise self.broken("it did not read its input") from None
+            # otherwise the process died at once; events() reports why from its stderr
+
+    def arm(self) -> None:
+        """Start (or restart) the timeout: the call is ended ``timeout_s`` from now.
+
+        A fleet ship re-arms it for each phase of a host's work and pauses it while the host
+        waits for the others, so the limit is on this host's work, not the fleet's.
+        """
+        self.pause()
+        if self._timeout_s:
+            self._timer = threading.Timer(self._timeout_s, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def pause(self) -> None:
+        """Stop the timeout until :meth:`arm` (the host waits on the client, not working)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _expire(self) -> None:
         self._timed_out = True
@@ -195,8 +234,7 @@ class HostCall:
         return status
 
     def _forget(self) -> None:
-        if self._timer:
-            self._timer.cancel()
+        self.pause()
         with _ACTIVE_LOCK:
             _ACTIVE.discard(self)
 
@@ -221,13 +259,24 @@ def error_from_event(label: str, event: dict) -> Exception:
                      step=event.get("step"))
 
 
-def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
-    """Consume events up to ``scan-end`` and return the host's :class:`LiveState`."""
-    state = LiveState()
+def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = None,
+              until: str = "scan-end") -> LiveState:
+    """Consume events up to ``until`` and return the host's :class:`LiveState`.
+
+    A ship reads twice into one state: up to ``locked`` (its turn in the fleet's lock order),
+    then on to ``scan-end``.
+
+    Raises:
+        HostError: the output ended first; ShipRefused: the host's lock is held.
+    """
+    state = state if state is not None else LiveState()
     live: list[Entry] = []
     shipped: list[Entry] = []
     for event in events:
         kind = event.pop("t")
+        if kind == until == "locked":
+            state.created_root = bool(event.get("created_root"))
+            return state
         if kind == "entry":
             live.append(Entry.from_json(event))
         elif kind == "shipped":
@@ -240,6 +289,8 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             state.units = event
         elif kind == "accounts":
             state.accounts = event["accounts"]
+        elif kind == "root":
+            state.root_key = event["key"]
         elif kind == "hello":
             state.user, state.group = event["user"], event["group"]
         elif kind == "state":
@@ -247,6 +298,9 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             state.current = event["current"]
             state.current_kind = event["current_kind"]
             state.releases = event["releases"]
+            state.identity = event.get("identity")
+            state.meta = event.get("meta") or {}
+            state.ship_in_progress = event.get("ship_in_progress")
             if event["shipped"]:
                 state.shipped = Manifest()
         elif kind == "scan-end":
@@ -254,4 +308,5 @@ def read_scan(call: HostCall, events: Iterator[dict]) -> LiveState:
             if state.shipped is not None:
                 state.shipped = Manifest(shipped)
             return state
-    raise call.broken("the scan ended early")
+    raise call.broken("the scan ended early" if until == "scan-end" else
+                      "the host-side program ended before taking the lock")

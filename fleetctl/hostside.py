@@ -88,6 +88,10 @@ _out = sys.stdout.buffer
 _in = sys.stdin.buffer
 
 
+class Aborted(Exception):
+    """The client called a prepared ship off (another host of the fleet could not ship)."""
+
+
 class Stop(Exception):
     """A step failed; carries the error event to emit."""
 
@@ -302,15 +306,67 @@ def read_state(root):
         )
     except OSError:
         pass
+    state["identity"] = read_identity(root)
+    state["meta"] = None
     if state["current"] and os.path.lexists(record_path(root, enc(state["current"]))):
         try:
             state["_manifest"] = load_record(root, enc(state["current"]))
+            state["meta"] = record_meta(root, enc(state["current"]))
             state["shipped"] = True
         except (OSError, ValueError) as exc:
             emit({"t": "warning", "message": "the record %s cannot be used (%s): treated as "
                   "missing, so changes have origin unknown; ship --force writes a new one"
                   % (dec(record_path(root, enc(state["current"]))), exc)})
     return state
+
+
+def identity_path(root):
+    return os.path.join(root, enc(STATE_DIR), b"identity.json")
+
+
+def read_identity(root):
+    """The host identity recorded at adoption (``{"name", "id", "adopted"}``), or ``None``.
+
+    A file that is there but unreadable or not an identity is reported as
+    ``{"problem": ...}``: fleetctl must not take such a host for a new one.
+    """
+    path = identity_path(root)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and \
+                isinstance(data.get("id"), str):
+            return {"name": data["name"], "id": data["id"], "adopted": data.get("adopted")}
+        problem = "not a fleetctl host identity"
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    return {"problem": "%s: %s" % (dec(path), problem)}
+
+
+def write_identity(root, identity):
+    """Record the host's identity (its inventory name and id), replacing any earlier one."""
+    state_dir = os.path.join(root, enc(STATE_DIR))
+    if not os.path.isdir(state_dir):
+        os.mkdir(state_dir, 0o755)
+    write_json(identity_path(root), identity, 0o644)
+
+
+RECORD_META_KEYS = ("created", "fleetctl", "shipped_by", "previous", "desired_digest",
+                    "source", "forced", "allow_dirty", "host", "host_id", "kind")
+
+
+def record_meta(root, release):
+    """The provenance part of a release record (everything but the manifest), or ``{}``."""
+    try:
+        with open(record_path(root, release), "rb") as fh:
+            record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return dict((k, record[k]) for k in RECORD_META_KEYS if k in record)
 
 
 def record_path(root, release):
@@ -719,22 +775,6 @@ def unchanged_since_scan(root, scanned, ignore):
     return not problems and manifest_digest(kept(again)) == manifest_digest(kept(scanned))
 
 
-def create_and_lock(root):
-    """For a host with no root yet: create it only now that a ship is decided, then lock it and
-    check that no other ship got there first (the plan assumed an empty host)."""
-    try:
-        os.makedirs(root, 0o755)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise Stop("prepare", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
-                   else "failed", "cannot create the root: %s" % os_error_text(exc), dec(root))
-    lock_fd = lock_root(root)
-    if read_state(root)["current_kind"] is not None:
-        raise Stop("lock", "changed", "another ship reached this new host first; run again")
-    return lock_fd
-
-
 def layout_problem(root, state):
     what = "directory" if state["current_kind"] == "dir" else "file or special file"
     return ("%s/current is a %s, not a release symlink; move it aside to adopt this host"
@@ -755,26 +795,85 @@ def is_ignored(ignore, entry):
     return verdict
 
 
-def do_ship(root, request, state, scanned, lock_fd):
-    command = json.loads(read_frame().decode("utf-8", "surrogateescape"))
-    if command.get("cmd") == "services":
-        # Nothing to ship, but the runners' units are brought in line (under the lock).
-        if lock_fd is None:
-            raise Stop("services", "failed", "the root %s does not exist" % dec(root))
-        emit({"t": "step", "name": "services"})
-        flush()
-        services_step(command, restart_all=False)
-        emit({"t": "done", "release": None, "pruned": []})
-        return 0
-    if command.get("cmd") != "ship":
-        emit({"t": "done", "release": None, "pruned": []})
-        return 0
-    if lock_fd is None:
-        lock_fd = create_and_lock(root)
+def do_ship(root, request, state, scanned, lock_fd, created_root):
+    """Read the client's command and carry it out under the lock taken before the scan."""
     try:
+        command = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+        if command.get("cmd") == "services":
+            # Nothing to ship, but the runners' units are brought in line (under the lock).
+            emit({"t": "step", "name": "services"})
+            flush()
+            services_step(command, restart_all=False)
+            emit({"t": "done", "release": None, "pruned": []})
+            return 0
+        if command.get("cmd") != "ship":
+            emit({"t": "done", "release": None, "pruned": []})
+            return 0
         return ship_locked(root, command, state, scanned)
     finally:
         os.close(lock_fd)
+
+
+def take_ship_lock(root):
+    """Lock the root for a ship, creating it (0755) when it does not exist yet.
+
+    Returns ``(fd, created)``. The lock is checked to be on the directory the path names now:
+    a ship that created a root and gave up removes it again, and a lock on a removed directory
+    would protect nothing.
+
+    Raises:
+        Stop: ``locked`` when another ship holds the lock; ``permission``/``failed`` when the
+            root cannot be created.
+    """
+    created = False
+    for _ in range(3):
+        if not os.path.lexists(root):
+            try:
+                os.makedirs(root, 0o755)
+                created = True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise Stop("lock", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
+                           else "failed", "cannot create the root: %s" % os_error_text(exc),
+                           dec(root))
+        fd = lock_root(root)
+        try:
+            st, held = os.stat(root), os.fstat(fd)
+            same = (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+        except OSError:
+            same = False
+        if same:
+            return fd, created
+        os.close(fd)
+    raise Stop("lock", "changed", "the root %s kept changing while it was being locked" % dec(root))
+
+
+def root_key(root):
+    """What tells this root apart from every other on any host: the machine and the inode.
+
+    Two inventory entries whose keys are equal reach the same directory, however their
+    addresses, ports or paths are spelled.
+    """
+    machine = ""
+    for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
+        try:
+            with open(path) as fh:
+                machine = fh.read().strip()
+            if machine:
+                break
+        except OSError:
+            pass
+    st = os.stat(root)
+    return "%s:%d:%d" % (machine, st.st_dev, st.st_ino)
+
+
+def remove_empty_root(root):
+    """Undo the creation of a root a ship made and then did not use (left alone unless empty)."""
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
 
 
 def ship_locked(root, command, state, scanned):
@@ -851,6 +950,23 @@ def ship_locked(root, command, state, scanned):
             step = "switch"
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
+        if state["current_kind"] in ("symlink", "foreign-symlink") and \
+                not unchanged_since_scan(root, scanned, ignore):
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
+        # Two-phase across the fleet: this host is ready to switch; the client says commit
+        # only once every host it ships is ready, so no host switches while another failed.
+        emit({"t": "prepared", "release": dec(release)})
+        flush()
+        step = "commit"
+        go = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+        if go.get("cmd") != "commit":
+            raise Aborted()
+        if state["current_kind"] in ("symlink", "foreign-symlink") and \
+                not unchanged_since_scan(root, scanned, ignore):
+            step = "switch"
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
         if creds or state.get("_creds"):
             step = "credentials"
             emit({"t": "step", "name": step})
@@ -859,7 +975,13 @@ def ship_locked(root, command, state, scanned):
         step = "switch"
         emit({"t": "step", "name": step})
         flush()
+        if command.get("identity") and command["identity"] != state.get("identity"):
+            write_identity(root, command["identity"])
         switch(root, release)
+    except Aborted:
+        cleanup(stage, blob_dir, root, release)
+        emit({"t": "done", "release": None, "pruned": [], "aborted": True})
+        return 0
     except Stop:
         cleanup(stage, blob_dir, root, release)
         raise
@@ -1425,14 +1547,30 @@ def main():
     emit({"t": "hello", "user": user_name(uid), "group": group_name(gid), "uid": uid,
           "python": "%d.%d.%d" % sys.version_info[:3]})
     lock_fd = None
+    created_root = False
     try:
         if request["op"] == "ledgers":
             return read_ledgers(root, request)
         if os.path.lexists(root) and not os.path.isdir(root):
             raise Stop("scan", "layout", "the root %s exists and is not a directory" % dec(root))
-        if request["op"] == "ship" and os.path.isdir(root):
-            lock_fd = lock_root(root)
+        if request["op"] == "ship":
+            # The client takes the locks of a fleet one host at a time, in a fixed order: this
+            # host waits for its turn, then answers whether it got the lock.
+            go = json.loads(read_frame().decode("utf-8", "surrogateescape"))
+            if go.get("cmd") != "lock":
+                emit({"t": "done", "release": None, "pruned": []})
+                return 0
+            if os.path.isdir(root):
+                emit({"t": "root", "key": root_key(root)})
+                flush()
+            lock_fd, created_root = take_ship_lock(root)
+            emit({"t": "locked", "created_root": created_root})
+            flush()
         state = read_state(root)
+        if request["op"] == "scan" and os.path.isdir(root):
+            # Read from /proc/locks, never by trying the lock: a drift must not make a ship
+            # starting at the same moment find its host locked.
+            state["ship_in_progress"] = lock_holder(root).strip(" ()") or None
         emit(dict((k, v) for k, v in state.items() if not k.startswith("_")))
         if request.get("unit_dir") is not None:
             emit(probe_units(request))
@@ -1440,7 +1578,8 @@ def main():
             raise Stop("scan", "layout", layout_problem(root, state))
         scanned = scan(root, state, request)
         if request["op"] == "ship":
-            return do_ship(root, request, state, scanned, lock_fd)
+            fd, lock_fd = lock_fd, None  # do_ship closes it
+            return do_ship(root, request, state, scanned, fd, created_root)
         return 0
     except Stop as stop:
         emit(stop.event)
@@ -1453,6 +1592,10 @@ def main():
             "kind": "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"})
         return 1
     finally:
+        if created_root:
+            remove_empty_root(root)
+        if lock_fd is not None:
+            os.close(lock_fd)
         flush()
 
 

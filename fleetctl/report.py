@@ -21,6 +21,7 @@ from fleetctl.credentials import is_credential_path
 from fleetctl.manifest import Entry
 from fleetctl.names import escape_name, printable, safe_text
 from fleetctl.results import HostResult
+from fleetctl.source import SourceState
 
 SCHEMA_VERSION = 1
 
@@ -70,6 +71,10 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
         "error": safe_text(result.error) if result.error else None,
         "hint": safe_text(result.hint) if result.hint else None,
         "release": result.release,
+        "commit": result.commit,
+        "identity": result.identity,
+        "ancestry": result.ancestry.to_json() if result.ancestry else None,
+        "ship_in_progress": result.in_progress,
     }
     if command == "ship":
         record.update({"previous": result.previous, "step": result.step,
@@ -87,9 +92,11 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
     return record
 
 
-def to_json(results: list[HostResult], command: str, exit_code: int) -> str:
+def to_json(results: list[HostResult], command: str, exit_code: int,
+            source: SourceState | None = None) -> str:
     """The whole machine-readable document for ``command`` (``drift`` or ``ship``)."""
     doc = {"schema_version": SCHEMA_VERSION, "command": command, "exit_code": exit_code,
+           "source": source.to_json() if source is not None else None,
            "hosts": [result_json(r, command) for r in results]}
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
@@ -133,15 +140,30 @@ def services_text(result: HostResult) -> str:
     return "; units: " + ("; ".join(parts) if parts else "none wanted")
 
 
+def source_line(source: SourceState) -> str:
+    """``source: commit abc123 (clean)`` or what makes it dirty, for people."""
+    if source.clean:
+        return f"source: commit {source.short} (clean)"
+    shown = "; ".join(source.dirty[:5]) + (f"; and {len(source.dirty) - 5} more"
+                                            if len(source.dirty) > 5 else "")
+    return f"source: commit {source.short}, NOT CLEAN: {shown}"
+
+
+def _commit_note(result: HostResult) -> str:
+    return f", commit {result.commit[:12]}" if result.commit else ""
+
+
 def summary_line(result: HostResult) -> str:
     """A one-line, plain-text summary of a host's result."""
     n = len(result.changes)
     if result.status == "in-sync":
-        return f"{result.host}: in sync (release {result.release or 'none'})"
+        return f"{result.host}: in sync (release {result.release or 'none'}{_commit_note(result)})"
     if result.status == "drift":
         origins = sorted({c.origin for c in result.changes})
         accounts = f", {len(result.accounts)} account(s) missing" if result.accounts else ""
-        return f"{result.host}: {n} change(s) ({', '.join(origins) or 'none'}){accounts}"
+        stale = "; stale checkout" if result.ancestry and result.ancestry.stale else ""
+        return (f"{result.host}: {n} change(s) ({', '.join(origins) or 'none'}){accounts}"
+                f"{stale} (release {result.release or 'none'}{_commit_note(result)})")
     units = services_text(result)
     if result.status == "shipped":
         return (f"{result.host}: shipped release {result.release} ({n} change(s); sent "
@@ -160,8 +182,12 @@ def summary_line(result: HostResult) -> str:
     return f"{result.host}: {result.status}{where}: {printable(error)}{units}"
 
 
-def print_text(console: Console, results: list[HostResult], title: str) -> None:
+def print_text(console: Console, results: list[HostResult], title: str,
+               source: SourceState | None = None) -> None:
     """Draw a table of changes per host, then one summary line per host."""
+    if source is not None:
+        console.print(Text(printable(source_line(source)),
+                           style="" if source.clean else "yellow"), soft_wrap=True)
     for result in results:
         if result.changes:
             table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD, title_justify="left")
@@ -200,12 +226,19 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{shown}{pad}{fence}"
 
 
-def to_markdown(results: list[HostResult], title: str) -> str:
+def to_markdown(results: list[HostResult], title: str,
+                source: SourceState | None = None) -> str:
     """A Markdown report: a summary table, then one table of changes per host."""
-    lines = [f"# {title}", "", "| host | status | changes | note |", "| --- | --- | --- | --- |"]
+    lines = [f"# {title}", ""]
+    if source is not None:
+        lines += [_md(source_line(source)), ""]
+    lines += ["| host | status | changes | commit | note |", "| --- | --- | --- | --- | --- |"]
     for r in results:
         note = printable(r.error) if r.error else (f"release {r.release}" if r.release else "")
-        lines.append(f"| {_md(r.host)} | {r.status} | {len(r.changes)} | {_md(note)} |")
+        if r.ancestry and r.ancestry.stale:
+            note += f" ({r.ancestry.describe()})"
+        commit = r.commit[:12] if r.commit else "-"
+        lines.append(f"| {_md(r.host)} | {r.status} | {len(r.changes)} | {commit} | {_md(note)} |")
     for r in results:
         if not r.changes and not r.unreadable:
             continue

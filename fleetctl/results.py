@@ -8,6 +8,7 @@ from typing import Protocol
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
 from fleetctl.hostcall import Unreadable
+from fleetctl.source import Ancestry
 
 # status -> exit code (DESIGN.md §4)
 STATUS_EXIT = {
@@ -20,6 +21,9 @@ STATUS_EXIT = {
     "declined": EXIT_REFUSED,
     "incomplete": EXIT_ERROR,
     "error": EXIT_ERROR,
+    # Internal states of a fleet ship; a result never leaves ship_fleet in them.
+    "planning": EXIT_ERROR,
+    "ready": EXIT_ERROR,
 }
 
 
@@ -79,6 +83,11 @@ class HostResult:
             each); for a ship, what it created.
         dry_run: the result of ``ship --dry-run`` (or of the plan shown before asking).
         debug: an internal error's traceback, shown only with ``--debug``.
+        commit: the blueprint commit the host's current release was rendered from, as its
+            record says (``None``: not recorded).
+        ancestry: how the source relates to ``commit`` (stale checkouts), when it was checked.
+        identity: the name the host records as its own (``None``: not adopted yet).
+        in_progress: the process holding the host's ship lock while drift scanned, if any.
     """
 
     host: str
@@ -99,6 +108,10 @@ class HostResult:
     accounts: list[str] = field(default_factory=list)
     dry_run: bool = False
     debug: str | None = None
+    commit: str | None = None
+    ancestry: Ancestry | None = None
+    identity: str | None = None
+    in_progress: str | None = None
 
     @property
     def exit_code(self) -> int:

@@ -21,23 +21,27 @@ import json
 import socket
 import time
 import traceback
+import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
 from fleetctl.drift import REFUSED_ORIGINS, Change
-from fleetctl.errors import FleetctlError, HostError, ShipRefused
-from fleetctl.hostcall import encode_json, frame, interrupt_all
+from fleetctl.errors import (FleetctlError, HostError, IncompleteScan, InputError,
+                             ShipRefused)
+from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, interrupt_all, read_scan
 from fleetctl.inventory import Host
 from fleetctl.manifest import FILE, Manifest, sha256_digest
 from fleetctl.names import printable
-from fleetctl.render import DesiredTree, render_host
+from fleetctl.render import render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
 from fleetctl.scan import (account_problems, accounts_request, changes_for, desired_for,
                            host_session, layout_problem)
 from fleetctl.services import render_units, services_request
+from fleetctl.source import Ancestry, SourceState, ancestry
+from fleetctl.transport import open_transport
 
 
 def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
@@ -50,25 +54,79 @@ def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -
     return sha256_digest(body.encode("ascii"))
 
 
-def drift_host(blueprint: Blueprint, host: Host, progress: Progress) -> HostResult:
+def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
+               source: SourceState | None = None) -> HostResult:
     """Scan one host and compare it with its desired tree (read-only: takes no lock).
 
+    Besides the changes, the result names the commit the host runs and how the source relates
+    to it (a stale checkout is drift: shipping it would be refused), and a ship in progress.
+
     Raises:
-        FleetctlError: bad input (render) or host trouble; :func:`run_hosts` turns it into a
-            result.
+        FleetctlError: bad input (render), host trouble, or a host whose recorded identity is
+            not the inventory's (:class:`~fleetctl.errors.HostError`); :func:`run_hosts` turns
+            it into a result.
     """
     tree = render_host(blueprint, host)
     progress.host_step(host.name, "scan")
     with host_session(host, "scan") as (call, _events, state):
         changes = changes_for(blueprint, tree, state)
+    problem = identity_problem(host, state)
+    if problem:
+        raise HostError(problem[0], hint=problem[1], step="scan")
+    found = ancestry(source, state.commit) if source is not None else None
+    warnings = list(state.warnings)
+    if state.ship_in_progress:
+        warnings.append(f"a ship is in progress on this host ({state.ship_in_progress}): "
+                        "what was scanned may be about to change")
+    if found is not None and found.stale:
+        warnings.append(found.describe())
+    common = dict(release=state.current, warnings=warnings, commit=state.commit,
+                  ancestry=found, identity=_identity_name(state),
+                  in_progress=state.ship_in_progress)
     if state.unreadable:
         return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
-                          release=state.current, warnings=state.warnings,
                           error=f"{len(state.unreadable)} path(s) could not be read; the scan "
-                          "is incomplete, so the host cannot be called in sync")
+                          "is incomplete, so the host cannot be called in sync", **common)
     accounts = account_problems(host, state)
-    return HostResult(host.name, "drift" if changes or accounts else "in-sync", changes,
-                      release=state.current, warnings=state.warnings, accounts=accounts)
+    stale = found is not None and found.stale
+    return HostResult(host.name, "drift" if changes or accounts or stale else "in-sync",
+                      changes, accounts=accounts, **common)
+
+
+def _target(host: Host) -> str:
+    if host.transport == "local":
+        return f"local {host.root}"
+    port = f":{host.port}" if host.port else ""
+    return f"{host.user + '@' if host.user else ''}{host.address}{port} {host.root}"
+
+
+def _identity_name(state: LiveState) -> str | None:
+    ident = state.identity
+    return ident.get("name") if isinstance(ident, dict) else None
+
+
+def identity_problem(host: Host, state: LiveState,
+                     renamed_from: str | None = None) -> tuple[str, str] | None:
+    """Why the host reached is not the one the inventory entry names: ``(message, hint)``.
+
+    ``None`` when it records this name, or none yet (it is adopted by its next ship), or when
+    it records ``renamed_from`` (a deliberate rename: the ship records the new name).
+    """
+    ident = state.identity
+    if ident is None:
+        return None
+    where = f"{host.name} ({_target(host)})"
+    if "problem" in ident:
+        return (f"{where}: the host identity cannot be read: {ident['problem']}",
+                "fix or remove the file on the host after checking which host this is")
+    name = ident.get("name")
+    if name == host.name or (renamed_from is not None and name == renamed_from):
+        return None
+    return (f"{where} reaches a host that records itself as {name!r} (id {ident.get('id')}), "
+            f"not {host.name!r}: the inventory entry points at another host; nothing was "
+            "written",
+            f"check the address, port and root of {host.name!r} in the inventory; if the host "
+            f"was renamed on purpose, ship it with --renamed-from {name}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +134,25 @@ class ShipOptions:
     """How to ship.
 
     Attributes:
-        force: apply even hand-patches, conflicts and unknown origins (they are overwritten).
+        force: apply even hand-patches, conflicts and unknown origins (they are overwritten),
+            and ship over a stale checkout; recorded in the release.
         dry_run: plan only; take no lock and write nothing.
         approved: host → plan digest the user confirmed; a host whose plan is now different
             is refused rather than shipped unseen. ``None``: no confirmation was asked.
+        allow_dirty: ship a source that is not exactly a commit; recorded in the release.
+        renamed_from: the identity the (single) selected host recorded before a deliberate
+            rename; the ship records the inventory's name instead.
+        skip_unreachable: ship the hosts that can be reached when others cannot be connected
+            to (the fleet then ends split until those are shipped); otherwise an unreachable
+            host holds every host back.
     """
 
     force: bool = False
     dry_run: bool = False
     approved: dict[str, str] | None = None
+    allow_dirty: bool = False
+    renamed_from: str | None = None
+    skip_unreachable: bool = False
 
 
 def _release_id(desired: Manifest) -> str:
@@ -93,96 +161,522 @@ def _release_id(desired: Manifest) -> str:
     return f"{stamp}-{desired.digest()[7:15]}"
 
 
-def ship_host(blueprint: Blueprint, host: Host, options: ShipOptions,
-              progress: Progress) -> HostResult:
-    """Plan and (unless refused, unchanged or a dry run) ship one host.
+def source_refusal(source: SourceState, options: ShipOptions) -> ShipRefused | None:
+    """The refusal of a ship from a dirty source (exit 3), or ``None`` when it may go on."""
+    if source.clean or options.allow_dirty:
+        return None
+    shown = "; ".join(source.dirty[:8]) + (f"; and {len(source.dirty) - 8} more"
+                                            if len(source.dirty) > 8 else "")
+    return ShipRefused(f"the source is not a clean commit: {shown}",
+                       hint="commit (or remove) these files and ship again; --allow-dirty ships "
+                       "the work tree as it is and records that in the release")
 
-    Rendering happens first (the tree, and the units of a systemd host), so a template error
-    stops before the host is touched.
+
+def check_plan(host: Host, state: LiveState, changes: list[Change], found: Ancestry,
+               options: ShipOptions, no_op: bool) -> None:
+    """Raise what stops this host's ship, from its scan and plan; return when it may go on.
+
+    The one place a real ship and a dry run decide, so a dry run reports what a ship would do.
 
     Raises:
-        FleetctlError: bad input, host trouble, or a refusal raised by the host (lock held).
+        HostError: the host records another identity, its layout cannot be shipped over, or
+            the scan was incomplete (exit 2).
+        ShipRefused: hand-patches without ``--force``, or a stale checkout (exit 3).
+    """
+    problem = identity_problem(host, state, options.renamed_from)
+    if problem:
+        raise HostError(problem[0], hint=problem[1], step="scan")
+    layout = layout_problem(host, state)
+    if layout:  # the host-side program refuses this itself; a dry run must say the same
+        raise HostError(layout, step="scan")
+    if state.unreadable:
+        raise IncompleteScan(f"{len(state.unreadable)} path(s) could not be read; refusing to "
+                             "ship over a tree that was not fully seen")
+    refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
+    if refused and not options.force:
+        paths = sorted({printable(c.path) for c in refused})
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        secret_only = all(is_credential_path(c.path) for c in refused)
+        raise ShipRefused(
+            f"{len(paths)} path(s) would lose changes made on the host "
+            f"({', '.join(sorted({c.origin for c in refused}))}): {shown}", step="plan",
+            hint="review with `fleetctl drift`; a credential file changed on the host is never "
+            "backported: ship with --force to put the granted one back" if secret_only else
+            "review with `fleetctl drift`, then backport the hand-patch into the blueprint or "
+            "ship with --force to overwrite it")
+    if found.stale and not options.force and not no_op:
+        raise ShipRefused(f"stale checkout: {found.describe()}", step="plan", hint=(
+            "run `git fetch` and check out the commit the fleet runs (or a descendant)"
+            if found.relation == "unknown" and found.source_commit else
+            "update the checkout (git pull) and ship again; going back on purpose is a "
+            "rollback; --force ships it anyway and records that"))
+
+
+class HostShip:
+    """One host's part of a fleet ship, carried out in phases the fleet keeps in step.
+
+    ``open`` (render, connect, start the host-side program), ``lock`` (take the host's lock;
+    called for one host at a time in a fixed order), ``plan`` (read the scan, check identity,
+    ancestry and hand-patches, build the command), ``prepare`` (send it and the content: the
+    host assembles, verifies and records the release, then waits), ``commit`` (the host
+    switches) or ``abort`` (the host removes what it prepared), ``close``.
+
+    Every phase leaves its outcome in :attr:`result`; a phase that fails raises a
+    :class:`~fleetctl.errors.FleetctlError`, and the fleet then aborts every host.
+    """
+
+    def __init__(self, blueprint: Blueprint, host: Host, options: ShipOptions,
+                 source: SourceState, progress: Progress) -> None:
+        self.blueprint, self.host, self.options = blueprint, host, options
+        self.source, self.progress = source, progress
+        self.result = HostResult(host.name, "planning")
+        self._transport = None
+        self._call: HostCall | None = None
+        self._events: Iterator[dict] | None = None
+        self._state = LiveState()
+        self._command: dict | None = None
+        self._blobs: list[str] = []
+        self._secrets: list[str] = []
+        self._phase = "new"
+
+    def open(self) -> None:
+        """Render (a template error stops before the host is touched), connect, start."""
+        self.result.step = "render"
+        self.tree = render_host(self.blueprint, self.host)
+        self.units = render_units(self.blueprint, self.host)
+        self.result.step = "connect"
+        self.progress.host_step(self.host.name, "connect")
+        self._transport = open_transport(self.host)
+        self._transport.connect()
+        request = {"op": "ship", "root": self.host.root, **accounts_request(self.host)}
+        self._call = HostCall(self._transport, self.host.python, request, self.host.timeout_s)
+        self._events = self._call.events()
+        self._call.pause()
+        self._phase = "open"
+        self.result.step = None
+
+    def lock(self) -> None:
+        """Take the host's lock (ShipRefused, kind ``locked``, when another ship holds it)."""
+        assert self._call is not None and self._events is not None
+        self.progress.host_step(self.host.name, "lock")
+        self._call.arm()
+        self._send(frame(encode_json({"cmd": "lock"})))
+        read_scan(self._call, self._events, self._state, until="locked")
+        self._call.pause()
+        self._phase = "locked"
+
+    def plan(self) -> None:
+        """Read the scan and decide: ``ready``, ``no-op``, ``services``, or a refusal/error."""
+        assert self._call is not None and self._events is not None
+        self.progress.host_step(self.host.name, "scan")
+        self._call.arm()
+        state = read_scan(self._call, self._events, self._state)
+        self._call.pause()
+        self._phase = "scanned"
+        host, options, tree = self.host, self.options, self.tree
+        result = self.result
+        desired = desired_for(tree, state)
+        changes = changes_for(self.blueprint, tree, state)
+        found = ancestry(self.source, state.commit)
+        result.changes, result.release, result.previous = changes, state.current, state.current
+        result.unreadable, result.warnings = state.unreadable, list(state.warnings)
+        result.commit, result.ancestry, result.identity = state.commit, found, _identity_name(state)
+        result.plan_digest = plan_digest(changes, desired, state.current)
+        result.accounts = account_problems(host, state)
+        no_op = not changes and state.shipped == desired and not result.accounts
+        check_plan(host, state, changes, found, options, no_op)
+        refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
+        if options.approved is not None and options.approved.get(host.name) != result.plan_digest:
+            raise ShipRefused("the host changed after the plan was confirmed; nothing was "
+                              "shipped", hint="run ship again to see the new plan", step="plan")
+        if no_op:
+            result.status = "no-op"
+            if self.units is not None:
+                self._command = {"cmd": "services",
+                                 **services_request(host, self.units, with_content=True)}
+            return
+        sources, self._blobs = _content_plan(desired, state.live)
+        self._secrets = _secret_plan(desired, state.live)
+        release = _release_id(desired)
+        identity = dict(state.identity) if state.identity else {
+            "id": uuid.uuid4().hex, "adopted": _now()}
+        identity["name"] = host.name
+        forced = None
+        if options.force:
+            forced = {"paths": sorted({c.path for c in refused}),
+                      "stale": found.to_json() if found.stale else None}
+        self._command = {
+            "cmd": "ship", "release": release, "keep": host.keep_releases,
+            "desired": desired.to_json(), "sources": sources, "blob_count": len(self._blobs),
+            "secret_count": len(self._secrets), "users": accounts_request(host)["accounts"],
+            "ignore": ignore_regexes(self.blueprint), "identity": identity,
+            "meta": {"kind": "ship", "created": _now(), "fleetctl": __version__,
+                     "shipped_by": _who(), "previous": state.current,
+                     "desired_digest": desired.digest(), "source": self.source.to_json(),
+                     "allow_dirty": options.allow_dirty and not self.source.clean,
+                     "forced": forced, "host": host.name, "host_id": identity["id"]},
+        }
+        if self.units is not None:
+            self._command.update(services_request(host, self.units, with_content=True))
+        result.status = "ready"
+
+    def prepare(self) -> None:
+        """Send the command and the content; follow the host's steps up to ``prepared``."""
+        if self._command is None or self._command["cmd"] != "ship":
+            return
+        assert self._call is not None and self._events is not None
+        self.progress.host_step(self.host.name, "send")
+        self.result.accounts = []  # from here on: what the ship created (events from the host)
+        self._phase = "preparing"
+        self._call.arm()
+        try:
+            self._call.send(frame(encode_json(self._command)))
+            for blob in self._blobs:
+                data = self.tree.contents[blob]
+                self._call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
+                self.result.sent_bytes += len(data)
+                self.result.sent_files += 1
+            for digest in self._secrets:
+                data = self.tree.secrets[digest].reveal()
+                self._call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)) + data)
+                self.result.sent_bytes += len(data)
+                self.result.sent_files += 1
+        except OSError:
+            pass  # the host stopped reading; its error event below says why
+        self._follow(until="prepared")
+        self._call.pause()
+        self._phase = "prepared"
+
+    def commit(self) -> None:
+        """Tell a prepared host to switch (or a no-op systemd host to fix its units)."""
+        assert self._call is not None
+        self._phase = "committing"
+        self._call.arm()
+        if self._command is None:  # nothing to do: let the host-side program end cleanly
+            self._send(frame(encode_json({"cmd": "abort"})))
+        elif self._command["cmd"] == "services":
+            self._send(frame(encode_json(self._command)))
+        else:
+            self._send(frame(encode_json({"cmd": "commit"})))
+        self._follow(until="done")
+        self._phase = "done"
+
+    def abort(self) -> None:
+        """Call this host's part off; whatever it prepared is removed, nothing switches."""
+        if self._call is None or self._phase in ("done", "new"):
+            return
+        try:
+            self._call.arm()
+            if self._phase in ("open", "locked", "scanned", "prepared"):
+                message = {"open": {"cmd": "stop"}}.get(self._phase, {"cmd": "abort"})
+                self._call.send(frame(encode_json(message)))
+                for _ in self._events or ():
+                    pass
+            self._call.finish()
+        except (OSError, FleetctlError):
+            pass
+        finally:
+            self._call.kill()
+            self._phase = "done"
+
+    def _send(self, data: bytes) -> None:
+        """Write to the host-side program; if it has gone, its events say why."""
+        assert self._call is not None
+        try:
+            self._call.send(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """End the host-side program (if still running) and the connection."""
+        if self._call is not None:
+            self._call.kill()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _follow(self, until: str) -> None:
+        """Read the host's events up to ``until`` (``prepared`` or ``done``).
+
+        Raises:
+            HostError, ShipRefused: the host's error, or the output ended early.
+        """
+        assert self._call is not None and self._events is not None
+        result, command = self.result, self._command or {}
+        try:
+            for event in self._events:
+                kind = event.get("t")
+                if kind == "step":
+                    result.step = event["name"]
+                    self.progress.host_step(result.host, event["name"])
+                elif kind == "warning":
+                    result.warnings.append(event["message"])
+                elif kind == "account":
+                    result.accounts.append(_account_line(event))
+                elif kind == "services":
+                    result.services = ServiceActions(*(tuple(event[k]) for k in (
+                        "installed", "removed", "restarted", "started")))
+                elif kind == "prepared" and until == "prepared":
+                    return
+                elif kind == "done":
+                    if command.get("cmd") == "ship":
+                        result.status, result.release = "shipped", event["release"]
+                    result.pruned = event["pruned"]
+                    result.step = None
+                    self._call.finish()
+                    return
+        except HostError as exc:
+            self._fail(exc)
+            raise
+        except ShipRefused:
+            raise
+        if command.get("cmd") != "ship":
+            after = "the release in use is unchanged"
+        elif result.step in ("services", "prune"):
+            after = "the new release is in use"  # these steps come after the switch
+        else:
+            after = "the previous release stays in use"
+        exc = self._call.broken(f"it ended during step {result.step or 'send'}; {after}")
+        self._fail(exc)
+        raise exc
+
+    def _fail(self, exc: HostError) -> None:
+        """Keep what is known (the plan, the release in use) beside a host error."""
+        result, command = self.result, self._command or {}
+        result.step = exc.step or result.step
+        if command.get("cmd") == "ship" and result.step in ("services", "prune"):
+            result.release = command["release"]  # after the switch: the new release stays
+        if result.step == "services":
+            exc.hint = (f"the new release {command['release']} is in use; fix the cause and "
+                        "ship again: a ship with nothing to change still installs and starts "
+                        "the units" if command.get("cmd") == "ship" else
+                        "the release in use is unchanged; fix the cause and ship again")
+
+
+def _account_line(event: dict) -> str:
+    if event.get("created"):
+        return f"created user {event['user']}"
+    if event.get("group_created"):
+        return f"created group {event['group_created']} of {event['user']}"
+    return f"created HOME {event['home_created']} of {event['user']}"
+
+
+def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: SourceState,
+              progress: Progress) -> HostResult:
+    """A dry run of one host: scan (read-only, no lock), plan, report what a ship would do.
+
+    Raises:
+        FleetctlError: bad input, host trouble, a refusal the ship would meet.
     """
     tree = render_host(blueprint, host)
     units = render_units(blueprint, host)
-    progress.host_step(host.name, "lock" if not options.dry_run else "scan")
-    op = "scan" if options.dry_run else "ship"
-    probe = (services_request(host, units, with_content=False)
-             if units is not None and options.dry_run else None)
-    with host_session(host, op, probe) as (call, events, state):
+    progress.host_step(host.name, "scan")
+    probe = services_request(host, units, with_content=False) if units is not None else None
+    with host_session(host, "scan", probe) as (_call, _events, state):
         desired = desired_for(tree, state)
         changes = changes_for(blueprint, tree, state)
-        digest = plan_digest(changes, desired, state.current)
-        result = HostResult(host.name, "dry-run", changes, release=state.current,
-                            previous=state.current, unreadable=state.unreadable,
-                            plan_digest=digest, warnings=list(state.warnings),
-                            dry_run=options.dry_run)
+    found = ancestry(source, state.commit)
+    result = HostResult(host.name, "dry-run", changes, release=state.current,
+                        previous=state.current, unreadable=state.unreadable,
+                        plan_digest=plan_digest(changes, desired, state.current),
+                        warnings=list(state.warnings), dry_run=True, commit=state.commit,
+                        ancestry=found, identity=_identity_name(state),
+                        in_progress=state.ship_in_progress)
 
-        def stop(status: str, error: str | None = None, hint: str | None = None) -> HostResult:
-            if op == "ship":
-                call.send(frame(encode_json({"cmd": "abort"})))
-                call.finish()
-            result.status, result.error, result.hint = status, error, hint
-            return result
+    def stop(status: str, error: str | None = None, hint: str | None = None,
+             step: str | None = None) -> HostResult:
+        result.status, result.error, result.hint = status, error, hint
+        result.step = step or result.step
+        return result
 
-        problem = layout_problem(host, state)
-        if problem:  # the host-side program refuses this itself; a dry run must say the same
-            result.step = "scan"
-            return stop("error", problem)
-        if state.unreadable:
-            return stop("incomplete", f"{len(state.unreadable)} path(s) could not be read; "
-                        "refusing to ship over a tree that was not fully seen")
-        refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
-        if refused and not options.force:
-            paths = sorted({printable(c.path) for c in refused})
-            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-            secret_only = all(is_credential_path(c.path) for c in refused)
-            return stop("refused", f"{len(paths)} path(s) would lose changes made on the host "
-                        f"({', '.join(sorted({c.origin for c in refused}))}): {shown}",
-                        hint="review with `fleetctl drift`; a credential file changed on the "
-                        "host is never backported: ship with --force to put the granted one back"
-                        if secret_only else "review with `fleetctl drift`, then backport the "
-                        "hand-patch into the blueprint or ship with --force to overwrite it")
-        result.accounts = account_problems(host, state)
-        no_op = not changes and state.shipped == desired and not result.accounts
-        if units is not None and options.dry_run:
-            result.services, problem = _planned_services(state.units, units, not no_op)
-            if problem:
-                result.step = "services" if no_op else "prepare"
-                return stop("error", problem)
-        if no_op and (units is None or options.dry_run):
-            return stop("no-op")
-        if no_op:
-            result.status = "no-op"
-            command = {"cmd": "services", **services_request(host, units, with_content=True)}
-            return _send(call, events, command, [], tree, result, progress)
-        sources, blobs = _content_plan(desired, state.live)
-        if options.dry_run:
-            # What the ship would send; the JSON fields mean "would send" for a dry run.
-            result.sent_files = len(blobs)
-            secrets = _secret_plan(desired, state.live)
-            result.sent_files += len(secrets)
-            result.sent_bytes = sum(len(tree.contents[b]) for b in blobs) + sum(
-                len(tree.secrets[d].reveal()) for d in secrets)
-            return stop("dry-run")
-        if options.approved is not None and options.approved.get(host.name) != digest:
-            return stop("refused", "the host changed after the plan was confirmed; nothing "
-                        "was shipped", hint="run ship again to see the new plan")
-        release = _release_id(desired)
-        secrets = _secret_plan(desired, state.live)
-        command = {
-            "cmd": "ship", "release": release, "keep": host.keep_releases,
-            "desired": desired.to_json(), "sources": sources, "blob_count": len(blobs),
-            "secret_count": len(secrets), "users": accounts_request(host)["accounts"],
-            "ignore": ignore_regexes(blueprint),
-            "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "fleetctl": __version__, "shipped_by": _who(),
-                     "previous": state.current, "desired_digest": desired.digest()},
-        }
-        if units is not None:
-            command.update(services_request(host, units, with_content=True))
-        result.accounts = []  # from here on: what the ship created (events from the host)
-        return _send(call, events, command, blobs, tree, result, progress, secrets)
+    result.accounts = account_problems(host, state)
+    no_op = not changes and state.shipped == desired and not result.accounts
+    try:
+        check_plan(host, state, changes, found, options, no_op)
+    except ShipRefused as exc:
+        return stop("refused", exc.message, exc.hint, exc.step)
+    except HostError as exc:
+        return stop("incomplete" if isinstance(exc, IncompleteScan) else "error", exc.message,
+                    exc.hint, exc.step)
+    if state.ship_in_progress:
+        result.warnings.append(f"a ship is in progress on this host ({state.ship_in_progress})")
+    if units is not None:
+        result.services, problem_text = _planned_services(state.units, units, not no_op)
+        if problem_text:
+            return stop("error", problem_text, step="services" if no_op else "prepare")
+    if no_op:
+        return stop("no-op")
+    _, blobs = _content_plan(desired, state.live)
+    secrets = _secret_plan(desired, state.live)
+    # What the ship would send; the JSON fields mean "would send" for a dry run.
+    result.sent_files = len(blobs) + len(secrets)
+    result.sent_bytes = sum(len(tree.contents[b]) for b in blobs) + sum(
+        len(tree.secrets[d].reveal()) for d in secrets)
+    return result
+
+
+HELD_BACK = "held-back"
+
+
+def ship_fleet(blueprint: Blueprint, hosts: list[Host], options: ShipOptions,
+               source: SourceState, parallel: int,
+               progress: Progress | None = None) -> list[HostResult]:
+    """Ship every selected host, all or nothing (DESIGN.md invariants 2, 5, 11).
+
+    The source is checked first (a dirty one is refused before any host is contacted). Then
+    every host is opened, locked one at a time in name order (so two runs over the same hosts
+    cannot each win some), scanned and planned; if any host cannot ship (refused, error,
+    unreachable), every lock is released and nothing is written anywhere. Otherwise every host
+    prepares its release (sent, assembled, verified, recorded, not yet in use), and only when
+    all are prepared is each told to switch.
+
+    Returns one result per host, in input order. A host that could ship but was held back by
+    another host's failure has status ``refused`` and says which host stopped the fleet.
+    """
+    progress = progress or NoProgress()
+    refusal = source_refusal(source, options)
+    if refusal is not None:
+        return [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,
+                           step="source") for h in hosts]
+    if options.renamed_from is not None and len(hosts) != 1:
+        raise InputError("--renamed-from names the old identity of one host: select exactly "
+                         "one host")
+    ships = [HostShip(blueprint, h, options, source, progress) for h in hosts]
+    for s in ships:
+        progress.host_started(s.host.name)
+    # The phases run in a worker so that Ctrl-C, which Python delivers to the main thread,
+    # ends the host-side programs (interrupt_all) and the run still aborts and reports.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        done = pool.submit(_run_phases, ships, options, parallel)
+        _wait_interruptible([done])
+        done.result()
+    for s in ships:
+        if s.result.status in ("planning", "ready"):
+            s.result.status = "error"
+            s.result.error = s.result.error or f"{s.host.name}: the ship ended unexpectedly"
+        progress.host_finished(s.result)
+    return [s.result for s in ships]
+
+
+def _run_phases(ships: list[HostShip], options: ShipOptions, parallel: int) -> None:
+    """open → lock (in name order) → plan → prepare → commit, or abort every host."""
+    try:
+        ok = _each(ships, HostShip.open, parallel)
+        if not ok and options.skip_unreachable and all(
+                s.result.status != "error" or s.result.step == "connect" for s in ships):
+            ok = any(s.result.status == "planning" for s in ships)
+        if ok:
+            for s in sorted(ships, key=lambda s: s.host.name):  # the fixed lock order
+                if _active(s) and not _guarded(s, HostShip.lock):
+                    _same_root(s, ships)
+                    ok = False
+                    break
+        ok = ok and _each(ships, HostShip.plan, parallel)
+        ok = ok and _each(ships, HostShip.prepare, parallel)
+        if ok:
+            _each(ships, HostShip.commit, parallel)
+        else:
+            _each(ships, HostShip.abort, parallel, guard=False)
+            _hold_back(ships)
+    finally:
+        for s in ships:
+            s.close()
+
+
+def _same_root(failed: HostShip, ships: list[HostShip]) -> None:
+    """A lock refused because this very run holds it: two entries reach one root (exit 2)."""
+    key = failed._state.root_key
+    twin = next((s for s in ships if s is not failed and key and s._state.root_key == key
+                 and s._phase == "locked"), None)
+    if twin is None:
+        return
+    failed.result.status = "error"
+    failed.result.error = (f"{failed.host.name} ({_target(failed.host)}) reaches the same root "
+                           f"on the same machine as {twin.host.name} ({_target(twin.host)}): "
+                           "the inventory points two entries at one host; nothing was written")
+    failed.result.hint = f"check the address, port and root of {failed.host.name!r}"
+
+
+def _hold_back(ships: list[HostShip]) -> None:
+    """Say why the hosts that could ship did not: which hosts stopped the fleet."""
+    failed = [s.host.name for s in ships if s.result.status in ("refused", "error", "incomplete")
+              and s.result.step != HELD_BACK]
+    hint = "fix {names} (see their errors) and ship again"
+    if any(s.result.step == "connect" for s in ships):
+        hint += "; --skip-unreachable ships the hosts that can be reached"
+    names = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+    for s in ships:
+        if s.result.status in ("planning", "ready") or (
+                s.result.status == "no-op" and s._command is not None):
+            s.result.status = "refused"
+            s.result.step = HELD_BACK
+            s.result.release = s.result.previous
+            s.result.sent_bytes = s.result.sent_files = 0
+            s.result.error = (f"not shipped: a fleet ships all or nothing, and {names} could "
+                              "not be shipped; nothing was written")
+            s.result.hint = hint.format(names=names)
+
+
+def _active(ship: HostShip) -> bool:
+    """Whether the host is still in the run (not failed, refused or skipped)."""
+    return ship.result.status in ("planning", "ready", "no-op")
+
+
+def _guarded(ship: HostShip, phase: Callable[[HostShip], None]) -> bool:
+    """Run one phase of one host; a failure becomes its result. True when it went through."""
+    try:
+        phase(ship)
+        return True
+    except ShipRefused as exc:
+        ship.result.status, ship.result.error, ship.result.hint = "refused", exc.message, exc.hint
+        ship.result.step = exc.step or ship.result.step
+    except FleetctlError as exc:
+        ship.result.status, ship.result.error = "error", exc.message
+        ship.result.hint = exc.hint
+        if isinstance(exc, HostError):
+            ship.result.step = exc.step or ship.result.step
+        if isinstance(exc, IncompleteScan):
+            ship.result.status = "incomplete"
+    except Exception as exc:  # noqa: BLE001 - one host's bug must not lose the others
+        ship.result.status = "error"
+        ship.result.error = (f"{ship.host.name}: internal error: {exc.__class__.__name__}: "
+                             f"{exc}")
+        ship.result.hint = "run with --debug for the traceback and report it"
+        ship.result.debug = traceback.format_exc()
+    return False
+
+
+def _each(ships: list[HostShip], phase: Callable[[HostShip], None], parallel: int,
+          guard: bool = True) -> bool:
+    """Run ``phase`` on every host still in the run, ``parallel`` at a time; True if all did."""
+    def one(ship: HostShip) -> bool:
+        if guard:
+            return _guarded(ship, phase)
+        try:
+            phase(ship)
+        except Exception:  # noqa: BLE001 - aborting: every host must be tried
+            pass
+        return True
+
+    running = [s for s in ships if _active(s)] if guard else ships
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = [pool.submit(one, s) for s in running]
+        _wait_interruptible(futures)
+        return all(f.result() for f in futures)
+
+
+def _wait_interruptible(futures: list[concurrent.futures.Future]) -> None:
+    pending = set(futures)
+    while pending:
+        try:
+            _, pending = concurrent.futures.wait(pending, timeout=0.2)
+        except KeyboardInterrupt:
+            # Ctrl-C: end the host-side programs (a ship not yet switched leaves the previous
+            # release in use), start no new host, and still report every host.
+            interrupt_all()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _planned_services(probe: dict | None, units: dict[str, bytes],
@@ -196,88 +690,6 @@ def _planned_services(probe: dict | None, units: dict[str, bytes],
     restarted = tuple(units) if restart_all else install
     started = tuple(name for name in units if name not in restarted)
     return ServiceActions(install, tuple(probe["remove"]), restarted, started), None
-
-
-def _send(call, events, command: dict, blobs: list[str], tree: DesiredTree,
-          result: HostResult, progress: Progress, secrets: list[str] = ()) -> HostResult:
-    """Run one command on the host; a failure becomes the result, beside what is known."""
-    progress.host_step(result.host, "send")
-    try:
-        return _execute(call, events, command, blobs, tree, result, progress, secrets)
-    except HostError as exc:
-        # Keep what is known (the plan, the release still in use) beside the error.
-        result.status, result.error = "error", exc.message
-        result.hint = exc.hint if result.previous else None
-        result.step = exc.step or result.step
-        if command["cmd"] == "ship" and result.step in ("services", "prune"):
-            # These steps come after the switch: the new release stays in use.
-            result.release = command["release"]
-        if result.step == "services":
-            result.hint = (f"the new release {command['release']} is in use; fix the cause and "
-                           "ship again: a ship with nothing to change still installs and starts "
-                           "the units" if command["cmd"] == "ship" else
-                           "the release in use is unchanged; fix the cause and ship again")
-        return result
-    except ShipRefused as exc:
-        result.status, result.error, result.hint = "refused", exc.message, exc.hint
-        result.step = exc.step or result.step
-        return result
-
-
-def _execute(call, events, command: dict, blobs: list[str], tree: DesiredTree,
-             result: HostResult, progress: Progress, secrets: list[str] = ()) -> HostResult:
-    """Send the command and the missing content, then follow the host's steps to the end.
-
-    Credential files go last, over the same stdin (never a command line), and are counted in
-    ``sent_files``/``sent_bytes`` like any content.
-    """
-    host = result.host
-    try:
-        call.send(frame(encode_json(command)))
-        for blob in blobs:
-            data = tree.contents[blob]
-            call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
-            result.sent_bytes += len(data)
-            result.sent_files += 1
-        for digest in secrets:
-            data = tree.secrets[digest].reveal()
-            call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)) + data)
-            result.sent_bytes += len(data)
-            result.sent_files += 1
-    except OSError:
-        pass  # the host stopped reading; its error event below says why
-    for event in events:  # raises the host's error (with its step) if any
-        if event.get("t") == "step":
-            result.step = event["name"]
-            progress.host_step(host, event["name"])
-        elif event.get("t") == "warning":
-            result.warnings.append(event["message"])
-        elif event.get("t") == "account":
-            if event.get("created"):
-                result.accounts.append(f"created user {event['user']}")
-            elif event.get("group_created"):
-                result.accounts.append(f"created group {event['group_created']} of "
-                                       f"{event['user']}")
-            else:
-                result.accounts.append(f"created HOME {event['home_created']} of "
-                                       f"{event['user']}")
-        elif event.get("t") == "services":
-            result.services = ServiceActions(*(tuple(event[k]) for k in (
-                "installed", "removed", "restarted", "started")))
-        elif event.get("t") == "done":
-            if command["cmd"] == "ship":
-                result.status, result.release = "shipped", event["release"]
-            result.pruned = event["pruned"]
-            result.step = None
-            call.finish()
-            return result
-    if command["cmd"] != "ship":
-        after = "the release in use is unchanged"
-    elif result.step in ("services", "prune"):
-        after = "the new release is in use"  # these steps come after the switch
-    else:
-        after = "the previous release stays in use"
-    raise call.broken(f"it ended during step {result.step or 'send'}; {after}")
 
 
 def ignore_regexes(blueprint: Blueprint) -> list[tuple[str, bool]]:
@@ -361,12 +773,5 @@ def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: i
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = [pool.submit(one, host) for host in hosts]
-        pending = set(futures)
-        while pending:
-            try:
-                _, pending = concurrent.futures.wait(pending, timeout=0.2)
-            except KeyboardInterrupt:
-                # Ctrl-C: end the host-side programs (a ship not yet switched leaves the
-                # previous release in use), start no new host, and still report every host.
-                interrupt_all()
+        _wait_interruptible(futures)
         return [f.result() for f in futures]

@@ -58,7 +58,9 @@ def make_project(base: Path, files: dict, roles: dict[str, dict] | None = None,
                  executable: tuple[str, ...] = (), attributes: dict | None = None,
                  agent_template: str = AGENT_TEMPLATE, use_git: bool = True,
                  fleetignore: str | None = None) -> Path:
-    """Create ``base/blueprint`` (a git repo unless ``use_git`` is false) and ``base/templates``.
+    """Create ``base/blueprint`` and ``base/templates``, committed in a git repository at
+    ``base`` unless ``use_git`` is false (the repository ignores everything else under ``base``:
+    inventories and boxes tests put there are no part of the source).
 
     Args:
         files: tree spec under ``blueprint/`` (e.g. ``{"runner": {"run.sh": "..."}}``).
@@ -78,13 +80,25 @@ def make_project(base: Path, files: dict, roles: dict[str, dict] | None = None,
     (base / "templates").mkdir(exist_ok=True)
     (base / "templates" / "agent.yaml.j2").write_text(agent_template)
     if use_git:
-        git(bp, "init", "-q")
-        git(bp, "add", "-A")
-        for rel in executable:
-            os.chmod(bp / rel, 0o755)  # as a real checkout would have it, so later adds keep it
-            git(bp, "update-index", "--chmod=+x", rel)
-        git(bp, "commit", "-q", "-m", "blueprint")
+        commit_project(base, executable)
     return bp
+
+
+def commit_project(base: Path, executable: tuple[str, ...] = ()) -> None:
+    """Make ``base`` a git repository holding ``blueprint/`` and ``templates/`` (everything else
+    under ``base`` ignored) and commit them, as a clean fleet checkout would be.
+
+    Args:
+        executable: blueprint-relative paths whose git index mode is 100755.
+    """
+    bp = base / "blueprint"
+    (base / ".gitignore").write_text("/*\n!/.gitignore\n!/blueprint/\n!/templates/\n")
+    git(base, "init", "-q")
+    git(base, "add", "-A")
+    for rel in executable:
+        os.chmod(bp / rel, 0o755)  # as a real checkout would have it, so later adds keep it
+        git(bp, "update-index", "--chmod=+x", rel)
+    git(base, "commit", "-q", "-m", "blueprint")
 
 
 def write_inventory(path: Path, hosts: dict[str, dict], defaults: dict | None = None) -> Path:

@@ -159,14 +159,13 @@ def test_ctrl_c_stops_every_host_reports_them_and_loses_nothing(tmp_path):
     doc = json.loads(out)
     statuses = {h["host"]: h["status"] for h in doc["hosts"]}
     assert proc.returncode == 2, err
-    for later in ("h1", "h2"):  # never started: reported, and their boxes untouched
-        assert statuses[later] == "error"
-        assert "interrupted; not started" in doc["hosts"][int(later[1])]["error"]
-        assert not (tmp_path / f"box{later[1]}").exists()
-    for i in range(3):  # every box is either untouched or has a complete, current release
+    assert set(statuses) == {"h0", "h1", "h2"}  # every host reported
+    assert "interrupted" in " ".join(h["error"] or "" for h in doc["hosts"]), doc
+    for i in range(3):  # the fleet was still locking: nothing was put in use anywhere
+        assert statuses[f"h{i}"] in ("error", "refused"), doc
         box = tmp_path / f"box{i}"
-        if (box / "current").exists():
-            assert statuses[f"h{i}"] == "shipped" or len(snapshot(box / "current")) > 0
+        assert not (box / "current").exists()
+        assert not box.exists() or not any((box / "releases").glob("*"))
     again = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
     assert again.code == 0, again.stdout
     assert cli("drift", inventory=inv, blueprint=bp).code == 0

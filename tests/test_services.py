@@ -165,6 +165,8 @@ class Box:
         self.bp = make_project(tmp_path, {"runner": {"run.sh": "#!/bin/sh\necho run\n"}},
                                roles=ROLES)
         shutil.copy(UNIT_TEMPLATE, tmp_path / "templates" / UNIT_TEMPLATE.name)
+        git(self.bp, "add", "-A")
+        git(self.bp, "commit", "-q", "-m", "unit template")
         self.root = tmp_path / "box"
         self.unit_dir = tmp_path / "units"
         self.unit_dir.mkdir()

@@ -264,11 +264,13 @@ def test_unknown_host_is_refused_and_not_learned(tmp_path, sshd_pool, ssh_client
 # -- 6: one dead host among live ones -------------------------------------------------------------
 
 
-def test_dead_host_does_not_stop_the_others(tmp_path, sshd_pool, ssh_client_key,
-                                            ssh_known_hosts):
-    """With two live boxes and one port nobody listens on, ship ships both live hosts (checked
-    on disk), reports the dead one as ``error`` and exits 2; drift then says the live ones are
-    in sync, the dead one is an error, exit 2."""
+def test_dead_host_holds_the_fleet_back_unless_skipped(tmp_path, sshd_pool, ssh_client_key,
+                                                       ssh_known_hosts):
+    """With two live boxes and one port nobody listens on, a ship writes nothing anywhere (the
+    fleet ships all or nothing): the dead host is an ``error``, the live ones are ``refused``
+    naming it, exit 2. With --skip-unreachable it ships both live hosts (checked on disk),
+    reports the dead one as ``error`` and exits 2; drift then says the live ones are in sync,
+    the dead one is an error, exit 2."""
     bp = project(tmp_path)
     roots = {"live0": tmp_path / "r0", "live1": tmp_path / "r1"}
     hosts = {name: ssh_host(box, ssh_client_key, ssh_known_hosts, roots[name])
@@ -277,7 +279,15 @@ def test_dead_host_does_not_stop_the_others(tmp_path, sshd_pool, ssh_client_key,
     dead["port"] = free_port()
     hosts["dead"] = dead
     inv = write_inventory(tmp_path / "inv.yaml", hosts)
-    run = ship(inv, bp, "--timeout", "10")
+    held = ship(inv, bp, "--timeout", "10")
+    assert held.code == 2, held.stdout + held.stderr
+    assert held.host("dead")["status"] == "error"
+    for name, root in roots.items():
+        assert held.host(name)["status"] == "refused"
+        assert "dead" in held.host(name)["error"]
+        assert "--skip-unreachable" in held.host(name)["hint"]
+        assert not root.exists()
+    run = ship(inv, bp, "--timeout", "10", "--skip-unreachable")
     assert run.code == 2, run.stdout + run.stderr
     assert run.host("dead")["status"] == "error"
     assert run.host("dead")["error"]

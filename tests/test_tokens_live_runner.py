@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import cli, local_host, write_inventory
+from tests.helpers import cli, commit_project, local_host, write_inventory
 from tests.mcp_servers.project import REPO
 from tests.test_tokens_cli import tokens
 
@@ -61,6 +61,7 @@ def _blueprint(base: Path) -> Path:
         "max_retries": 0, "agent_command": [str(fake)], "timeout_s": 30}))
     (bp / "attributes.yaml").write_text(yaml.safe_dump({"files": [
         {"match": "skills/*/bin/*", "mode": "0755"}, {"match": "runner/bin/*", "mode": "0755"}]}))
+    commit_project(base)
     return bp
 
 
