@@ -274,3 +274,32 @@ def test_a_hostile_host_cannot_write_outside_the_blueprint_or_drive_the_terminal
     bad = cli_text("backport", "web1", "../../etc/passwd", "--inventory", str(inv),
                    "--blueprint", str(bp))
     assert bad.returncode == 2 and "plain path" in bad.stderr
+
+
+HOSTILE = """#!/bin/sh
+# A hostile host's "python3": it ignores the program it is sent and answers a scan with a name
+# that climbs out of the tree.
+cat > /dev/null &
+printf '%s\\n' '{"t":"hello","user":"root","group":"root","uid":0,"python":"3.11.0"}'
+printf '%s\\n' '{"t":"state","root_exists":true,"current":"r1","current_kind":"symlink","releases":["r1"],"shipped":true,"identity":null,"meta":{}}'
+printf '%s\\n' '{"t":"shipped","path":"runner","type":"dir","mode":"0755","owner":"root:root"}'
+printf '%s\\n' '{"t":"entry","path":"runner/../../../escape","type":"file","mode":"0644","owner":"root:root","size":1,"digest":"sha256:00"}'
+printf '%s\\n' '{"t":"scan-end","entries":1,"unreadable":0,"digest":"sha256:00"}'
+"""
+
+
+def test_a_host_that_sends_a_climbing_name_is_stopped(tmp_path):
+    from tests.helpers import local_host
+
+    bp = make_project(tmp_path / "proj", {"runner": {"a": "a\n"}})
+    fake = tmp_path / "hostile-python"
+    fake.write_text(HOSTILE)
+    fake.chmod(0o755)
+    inv = write_inventory(tmp_path / "inv.yaml", {"evil": local_host(tmp_path / "box",
+                                                                     python=str(fake))})
+    run = drift(inv, bp)
+    assert run.code == 2, run.stdout
+    assert "not a plain relative path" in run.host("evil")["error"]
+    done = cli_text("backport", "evil", "--inventory", str(inv), "--blueprint", str(bp))
+    assert done.returncode == 2 and "not a plain relative path" in done.stderr
+    assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()
