@@ -60,6 +60,7 @@ def releases_command(
     fmt: Format = FormatOpt,
     output: Optional[Path] = OutputOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """List a host's releases: time, commit, source, who, forced, current (exit 0, 2 error)."""
     from fleetctl.cli import ReportTarget, _guard
@@ -92,7 +93,7 @@ def releases_command(
         target.write("")
         return EXIT_OK
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def rollback_command(
@@ -106,6 +107,7 @@ def rollback_command(
     fmt: Format = FormatOpt,
     output: Optional[Path] = OutputOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Switch a host back to an earlier verified release (exit 0, 3 refused, 2 error).
 
@@ -128,7 +130,7 @@ def rollback_command(
                 err.print(Text(f"  forced over: {printable(difference)}", style="yellow"))
         return EXIT_OK
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def history_command(
@@ -138,6 +140,7 @@ def history_command(
     output: Optional[Path] = OutputOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Who shipped or rolled back what, when, from which commit (exit 0, 2 unreadable host)."""
     from fleetctl.cli import ReportTarget, _guard
@@ -182,7 +185,7 @@ def history_command(
         target.write("")
         return code
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def backport_command(
@@ -231,7 +234,7 @@ def backport_command(
         target.write("\n".join(lines) + "\n")
         return code
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def register(app: typer.Typer) -> None:
