@@ -36,11 +36,20 @@ from typing import Any, Callable
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import FileDiff, diff_contents, safe_line
-from fleetctl.drift import CONFLICT, EXTRA, HAND_PATCH, MISSING, PENDING, UNKNOWN, Change
+from fleetctl.drift import (
+    CONFLICT,
+    EXTRA,
+    HAND_PATCH,
+    MISSING,
+    PENDING,
+    UNKNOWN,
+    Change,
+)
 from fleetctl.errors import HostError, InputError
 from fleetctl.inventory import Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, sha256_digest
 from fleetctl.names import printable
+from fleetctl.plan import identity_problem
 from fleetctl.render import TEMPLATE_SUFFIX, render_host
 from fleetctl.scan import changes_for, host_session
 
@@ -116,8 +125,6 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
     tree = render_host(blueprint, host, with_credentials=False)
     with host_session(host, "scan") as (_call, _events, state):
         changes = changes_for(blueprint, tree, state)
-    from fleetctl.ship import identity_problem  # the same identity rule as drift and ship
-
     problem = identity_problem(host, state)
     if problem:
         raise HostError(problem[0], hint=problem[1], step="scan")
