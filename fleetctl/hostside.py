@@ -204,33 +204,72 @@ def describe(full, rel, st):
     return entry
 
 
+# A path that disappears between the listing of its directory and its reading (a runtime temp
+# file) is not an error: it is absent from that scan, as rsync says "vanished" and goes on.
+VANISHED = (errno.ENOENT, errno.ENOTDIR)
+# Replaced by another type since its lstat (a file by a link: ELOOP from O_NOFOLLOW; a link by
+# a file: EINVAL from readlink; a file by a FIFO: file_digest's EAGAIN): looked at again.
+REPLACED = (errno.ELOOP, errno.EINVAL, errno.EAGAIN)
+DESCRIBE_ATTEMPTS = 3
+
+
+def describe_path(full, rel):
+    """lstat and describe the node at ``full``; None when it vanished (ENOENT/ENOTDIR) before
+    it could be read. One replaced by another type meanwhile is looked at again, up to
+    ``DESCRIBE_ATTEMPTS`` times. Raises OSError when it cannot be read (EACCES, EIO, ...)."""
+    for attempt in range(1, DESCRIBE_ATTEMPTS + 1):
+        try:
+            return describe(full, rel, os.lstat(full))
+        except OSError as exc:
+            if exc.errno in VANISHED:
+                return None
+            if exc.errno not in REPLACED or attempt == DESCRIBE_ATTEMPTS:
+                raise
+    return None
+
+
 def walk(top, sink, on_unreadable):
     """Describe every node under ``top`` (bytes path), never following symlinks.
 
     Calls ``sink(entry)`` per node in no particular order and ``on_unreadable(rel, error)`` for
-    a node or directory that cannot be read; the scan goes on past it.
+    a node or directory that cannot be read; the scan goes on past it. A node or directory below
+    ``top`` that vanishes while it is scanned is left out, silently (see ``VANISHED``); ``top``
+    itself missing, or removed before the walk ends (the whole tree went, not a file in it), is
+    unreadable, with ``rel`` ``b""``.
     """
-    stack = [b""]
-    while stack:
-        rel_dir = stack.pop()
-        full_dir = os.path.join(top, rel_dir) if rel_dir else top
-        try:
-            names = os.listdir(full_dir)
-        except OSError as exc:
-            on_unreadable(rel_dir, exc)
-            continue
-        for name in names:
-            rel = rel_dir + b"/" + name if rel_dir else name
-            full = os.path.join(full_dir, name)
+    try:
+        # Held open to tell, at the end, whether the tree itself was removed meanwhile.
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        on_unreadable(b"", exc)
+        return
+    try:
+        stack = [b""]
+        while stack:
+            rel_dir = stack.pop()
+            full_dir = os.path.join(top, rel_dir) if rel_dir else top
             try:
-                st = os.lstat(full)
-                entry = describe(full, rel, st)
+                names = os.listdir(full_dir)
             except OSError as exc:
-                on_unreadable(rel, exc)
+                if not (rel_dir and exc.errno in VANISHED):
+                    on_unreadable(rel_dir, exc)
                 continue
-            sink(entry)
-            if entry["type"] == "dir":
-                stack.append(rel)
+            for name in names:
+                rel = rel_dir + b"/" + name if rel_dir else name
+                try:
+                    entry = describe_path(os.path.join(full_dir, name), rel)
+                except OSError as exc:
+                    on_unreadable(rel, exc)
+                    continue
+                if entry is None:
+                    continue
+                sink(entry)
+                if entry["type"] == "dir":
+                    stack.append(rel)
+        if os.fstat(top_fd).st_nlink == 0:
+            on_unreadable(b"", OSError(errno.ENOENT, "removed while it was scanned"))
+    finally:
+        os.close(top_fd)
 
 
 def os_error_text(exc):
@@ -466,24 +505,236 @@ def lock_holder(root):
     return ""
 
 
-# -- shipping ----------------------------------------------------------------------------------
+# -- removing ----------------------------------------------------------------------------------
+#
+# Every recursive removal goes through remove_tree (DESIGN.md invariant 10): nothing outside the
+# managed root is removed, followed or written. It works on directory fds only (openat with
+# O_NOFOLLOW, unlinkat, rmdir at an fd), so a symlink swapped in at any moment is removed as a
+# link, never followed, and it stops at every mount point: a directory on another file system,
+# or a bind mount of the same one (same st_dev, so the mount id and /proc/self/mountinfo decide),
+# is neither entered nor removed. shutil.rmtree crossed into a bind mount inside an old release
+# and deleted its source's files.
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def with_path(exc, path):
+    """Return ``exc`` (an OSError) naming ``path`` (bytes or str): calls on an fd carry no file
+    name, and an error without one cannot say what was refused. Keeps the subclass
+    (PermissionError for EACCES/EPERM) and an existing file name."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), path)
+
+
+def mount_points():
+    """The mount points of this process's mount namespace, as absolute bytes paths, read from
+    ``/proc/self/mountinfo`` (field 5, octal escapes undone); an empty set without /proc."""
+    points = set()
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            for line in fh:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    points.add(re.sub(br"\\([0-7]{3})",
+                                      lambda m: bytes([int(m.group(1), 8)]), fields[4]))
+    except OSError:
+        pass
+    return points
+
+
+def mounts_under(points, top):
+    """The mount points in ``points`` at or below the absolute path ``top`` (bytes), sorted."""
+    top = top.rstrip(b"/")
+    return sorted(p for p in points if p == top or p.startswith(top + b"/"))
+
+
+def mount_id(fd):
+    """The id of the mount the open file ``fd`` is on (``mnt_id`` in /proc/self/fdinfo, Linux
+    3.15+), or None where that cannot be read. Unlike st_dev it tells a bind mount of the same
+    file system from its surroundings."""
+    try:
+        with open("/proc/self/fdinfo/%d" % fd, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def fd_path(fd, fallback):
+    """The absolute path, symlinks resolved, of the directory open as ``fd`` (bytes)."""
+    try:
+        path = os.readlink(b"/proc/self/fd/%d" % fd)
+        if path.startswith(b"/") and not path.endswith(b" (deleted)"):
+            return path
+    except OSError:
+        pass
+    return os.path.realpath(fallback)
+
+
+def real_path(path):
+    """The absolute path of ``path`` with its directory's symlinks resolved but not its own last
+    component (a release that is a symlink is that link, not its target)."""
+    head, name = os.path.split(path.rstrip(b"/"))
+    return os.path.join(os.path.realpath(head or b"."), name)
+
+
+class _Removal(object):
+    """The state of one remove_tree call: mount points seen and kept."""
+
+    def __init__(self):
+        self.points = mount_points()
+        self.kept = []
+
+    def open_dir(self, pfd, name, full):
+        """Open the directory ``name`` in ``pfd`` without following a link; one this account
+        cannot read (0000, 0300) is opened up to 0700 first, through an O_PATH fd of that very
+        inode (never by path, which could be swapped for a link)."""
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        except PermissionError as exc:
+            o_path = getattr(os, "O_PATH", None)
+            if o_path is None:
+                raise with_path(exc, full)
+            pin = os.open(name, o_path | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
+            try:
+                magic = b"/proc/self/fd/%d" % pin
+                os.chmod(magic, 0o700)
+                return os.open(magic, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                raise with_path(exc, full)
+            finally:
+                os.close(pin)
+
+    def unlink(self, pfd, name, full, is_dir):
+        """Remove one file, link or empty directory; True once it is gone, False when it is a
+        mount point (EBUSY: kept). A parent this account may not write (a shipped 0555 dir) is
+        opened up through its fd, once."""
+        for attempt in (1, 2):
+            try:
+                if is_dir:
+                    os.rmdir(name, dir_fd=pfd)
+                else:
+                    os.unlink(name, dir_fd=pfd)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:  # a mount point mountinfo did not list (no /proc)
+                    self.kept.append(full)
+                    return False
+                if exc.errno not in (errno.EACCES, errno.EPERM) or attempt == 2:
+                    raise with_path(exc, full)
+                try:
+                    os.fchmod(pfd, stat.S_IMODE(os.fstat(pfd).st_mode) | 0o700)
+                except OSError:
+                    raise with_path(exc, full)
+        return False
+
+    def start(self, pfd, pmount, ppath, name, frames):
+        """Remove ``name`` in ``pfd`` if it is not a directory (True: gone, False: kept), or
+        push a frame to empty it (None)."""
+        full = os.path.join(ppath, name)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise with_path(exc, full)
+        if full in self.points:
+            self.kept.append(full)
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return self.unlink(pfd, name, full, is_dir=False)
+        try:
+            fd = self.open_dir(pfd, name, full)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or file: unlink
+                return self.unlink(pfd, name, full, is_dir=False)
+            raise with_path(exc, full)
+        try:
+            fst = os.fstat(fd)
+            here = (fst.st_dev, mount_id(fd))
+            if here != pmount:  # a mount point: neither entered nor removed
+                self.kept.append(full)
+                os.close(fd)
+                return False
+            names = [enc(n) for n in os.listdir(fd)]  # listdir(fd) gives str names
+        except OSError as exc:
+            os.close(fd)
+            raise with_path(exc, full)
+        frames.append([fd, here, full, names, True, pfd, name])
+        return None
+
+    def remove(self, path):
+        """Remove ``path``; return whether it is gone."""
+        head, name = os.path.split(path.rstrip(b"/"))
+        try:
+            pfd = os.open(head, _DIR_FLAGS)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise with_path(exc, head)
+        frames = []
+        try:
+            pst = os.fstat(pfd)
+            gone = self.start(pfd, (pst.st_dev, mount_id(pfd)), fd_path(pfd, head), name, frames)
+            while frames:
+                frame = frames[-1]
+                fd, here, full, names = frame[:4]
+                if names:
+                    if self.start(fd, here, full, names.pop(), frames) is False:
+                        frame[4] = False
+                    continue
+                frames.pop()
+                os.close(fd)
+                gone = frame[4] and self.unlink(frame[5], frame[6], full, is_dir=True)
+                if frames and not gone:
+                    frames[-1][4] = False
+            return gone
+        finally:
+            for frame in frames:
+                os.close(frame[0])
+            os.close(pfd)
+
+
+def remove_tree(path):
+    """Remove ``path`` (bytes: a file, a link or a whole directory tree) without following any
+    symlink and without leaving the mount it is on.
+
+    The directory holding ``path`` is opened without following a link at its own name; from
+    there every step is relative to a directory fd. A directory (or a file) that is a mount
+    point, or is on another mount than that holding directory (another file system, or a bind
+    mount of the same one), is neither entered nor removed, and so the directories above it
+    stay too. A directory whose mode forbids emptying it (a shipped 0555 directory) is opened up
+    through its own fd. What is already gone is not an error.
+
+    Returns:
+        The absolute paths of the mount points kept (empty when ``path`` is gone).
+    Raises:
+        OSError naming the path that could not be removed (an immutable file, permission
+        denied); what was removed before stays removed.
+    """
+    removal = _Removal()
+    removal.remove(path)
+    return removal.kept
 
 
 def force_rmtree(path):
-    """Remove ``path`` even where a directory's mode forbids it (a shipped 0555 dir)."""
+    """remove_tree, with a ``warning`` event per mount point kept; returns those paths."""
+    kept = remove_tree(path)
+    for point in kept:
+        emit({"t": "warning", "message": "kept %s: %s is a mount point (fleetctl removes nothing "
+              "on another mount); unmount it and the next ship removes the rest"
+              % (dec(path), dec(point))})
+    return kept
 
-    def onerror(func, failed, info):
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-        except OSError:
-            pass
-        func(failed)
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=onerror)
+# -- shipping ----------------------------------------------------------------------------------
 
 
 def write_file(dest, source, owner, mode):
@@ -685,20 +936,34 @@ def switch(root, release):
 
 
 def prune(root, keep, current):
-    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids."""
+    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids.
+
+    A release with a mount point inside it (a directory someone mounted there) is kept whole,
+    record included, and reported in a ``warning`` naming the mount point: it stays a complete
+    release, pruned by the first ship after the unmount. Nothing is removed on another mount
+    (see remove_tree), and a release that cannot be removed does not stop the others.
+    """
     releases_dir = os.path.join(root, b"releases")
     names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
+    points = mount_points()
     removed = []
     for name in names[:-keep] if keep > 0 else names:
         if name == current:
+            continue
+        top = os.path.join(releases_dir, name)
+        inside = mounts_under(points, real_path(top))
+        if inside:
+            emit({"t": "warning", "message": "kept release %s: %s is a mount point inside it "
+                  "(fleetctl removes nothing on another mount); unmount it and the next ship "
+                  "prunes the release" % (dec(name), ", ".join(dec(p) for p in inside))})
             continue
         # The record goes first: a half-removed release must never look like a rollback target.
         try:
             for record in (record_path(root, name), creds_record_path(root, name)):
                 if os.path.lexists(record):
                     os.unlink(record)
-            force_rmtree(os.path.join(releases_dir, name))
-            removed.append(dec(name))
+            if not force_rmtree(top):  # a mount that appeared since the check: reported there
+                removed.append(dec(name))
         except OSError as exc:  # one stuck release must not stop the others being pruned
             path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
                 exc.filename, bytes) else exc.filename
@@ -1046,7 +1311,7 @@ def apply_credentials(root, wanted, secrets, scanned):
                 continue
             try:  # give back what this step did not finish; remove what it made
                 if uid is None:
-                    shutil.rmtree(os.path.join(root, enc(path)))
+                    force_rmtree(os.path.join(root, enc(path)))
                 else:
                     os.fchown(fd, uid, gid)
                     os.fchmod(fd, mode)
@@ -1088,9 +1353,9 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
             if live[path]["type"] == "dir":
                 if path in held:
                     os.close(held.pop(path)[0])
-                # No force here: the agent owned these paths, and a chmod or retry by path
-                # could be turned against another file. shutil.rmtree never follows a link.
-                shutil.rmtree(full)
+                # fd-based: no link followed, no chmod or retry by a path the agent could
+                # swap, and a mount point inside is kept (reported), never entered.
+                force_rmtree(full)
             elif os.path.lexists(full):
                 os.unlink(full)
         for path in list(live):
