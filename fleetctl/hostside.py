@@ -744,6 +744,10 @@ def write_file(dest, source, owner, mode):
     final mode while content is written; chown before chmod, since chown clears setuid bits.
     The copy is made in the kernel (copy_file_range; a reflink where the filesystem can):
     always a new inode, never a hard link.
+
+    Raises:
+        OSError naming ``dest`` (or ``source`` when that cannot be opened), also for the calls
+        on an fd (copy, fchown, fchmod), which carry no file name of their own.
     """
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -756,8 +760,34 @@ def write_file(dest, source, owner, mode):
         if uid != -1:
             os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, dest)
     finally:
         os.close(fd)
+
+
+NAME_MAX = 255  # bytes in one name: the limit of Linux's common file systems (ext4, xfs, tmpfs)
+TEMP_HASH_HEX = 32  # hex digits of sha256 standing in for a final name too long to extend
+
+
+def name_max(directory):
+    """The longest name (bytes) the file system of ``directory`` allows; NAME_MAX if unknown."""
+    try:
+        return min(os.pathconf(directory, "PC_NAME_MAX"), NAME_MAX)
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def temp_name(prefix, name, suffix=b"", limit=NAME_MAX):
+    """The temporary name (bytes) of the final name ``name``: ``prefix + name + suffix``, or,
+    when that is longer than ``limit`` bytes, ``prefix`` + the first TEMP_HASH_HEX hex digits
+    of sha256(name) + ``suffix``. Any valid final name thus has a temporary name that fits, the
+    same one each time, and it always starts with ``prefix``, which is how a leftover of an
+    interrupted ship is recognised (``CREDS_NEW``, ``.staging-``, ``incoming-``)."""
+    full = prefix + name + suffix
+    if len(full) <= limit:
+        return full
+    return prefix + hashlib.sha256(name).hexdigest()[:TEMP_HASH_HEX].encode("ascii") + suffix
 
 
 def write_all(fd, data):
@@ -794,7 +824,12 @@ def copy_fd(src, dst):
 
 
 def receive_blobs(blob_dir, count):
-    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``."""
+    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``.
+
+    Raises:
+        Stop when the input ends early or a blob's digest does not match; OSError naming the
+        blob's file when it cannot be written (a full disk).
+    """
     os.mkdir(blob_dir, 0o700)
     for _ in range(count):
         digest = _in.readline().strip().decode("ascii")
@@ -809,7 +844,10 @@ def receive_blobs(blob_dir, count):
                 if not block:
                     raise Stop("receive", "failed", "input ended early (connection lost?)")
                 h.update(block)
-                write_all(fd, block)
+                try:
+                    write_all(fd, block)
+                except OSError as exc:  # a full disk: say where
+                    raise with_path(exc, name)
                 left -= len(block)
         finally:
             os.close(fd)
@@ -899,8 +937,17 @@ def write_record(root, release, desired, meta):
     write_json(record_path(root, release), body, 0o644)
 
 
+def json_tmp_path(final):
+    """Where write_json writes ``final`` before renaming it: ``<final>.tmp``, name shortened by
+    temp_name when too long."""
+    head, name = os.path.split(final)
+    return os.path.join(head, temp_name(b"", name, b".tmp"))
+
+
 def write_json(final, body, mode):
-    tmp = final + b".tmp"
+    """Write ``body`` as JSON to ``final`` (bytes path) with ``mode``: to json_tmp_path(final),
+    fsynced, then renamed over ``final``. OSError names the file that failed."""
+    tmp = json_tmp_path(final)
     if os.path.lexists(tmp):
         os.unlink(tmp)
     data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
@@ -909,22 +956,27 @@ def write_json(final, body, mode):
         os.fchmod(fd, mode)
         write_all(fd, data)
         os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, tmp)
     finally:
         os.close(fd)
     os.rename(tmp, final)
 
 
 def fsync_dir(path):
+    """fsync the directory ``path``; OSError names it."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, path)
     finally:
         os.close(fd)
 
 
 def switch(root, release):
     """Point ``current`` at the release with one atomic rename of a fresh symlink."""
-    tmp = os.path.join(root, b".current." + release)
+    tmp = os.path.join(root, temp_name(b".current.", release))
     if os.path.lexists(tmp):
         os.unlink(tmp)
     os.symlink(b"releases/" + release, tmp)
@@ -1374,6 +1426,8 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
             os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & int(top_entry["mode"], 8))
             os.fchown(fd, *owner_ids(top_entry))
             os.fchmod(fd, int(top_entry["mode"], 8))
+        except OSError as exc:
+            raise with_path(exc, top)
         finally:
             os.close(fd)
     for entry in (e for e in wanted if e["type"] == "dir" and e["path"].count("/") == 1):
@@ -1394,7 +1448,7 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
                     fix_file(full, uid, gid, mode, entry["path"])
                 continue
             head, name = os.path.split(full)
-            tmp = os.path.join(head, CREDS_NEW + name)
+            tmp = os.path.join(head, temp_name(CREDS_NEW, name, limit=name_max(head)))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((tmp, full))
             try:
@@ -1407,6 +1461,8 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
                 write_all(fd, data)
                 os.fsync(fd)
                 os.fchmod(fd, mode)
+            except OSError as exc:
+                raise with_path(exc, tmp)
             finally:
                 os.close(fd)
     except BaseException:
@@ -1429,8 +1485,11 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
         except OSError:
             pass
         # Given to its agent last: its contents are complete and checked by now.
-        os.fchown(fd, *owner_ids(entry))
-        os.fchmod(fd, int(entry["mode"], 8))
+        try:
+            os.fchown(fd, *owner_ids(entry))
+            os.fchmod(fd, int(entry["mode"], 8))
+        except OSError as exc:
+            raise with_path(exc, os.path.join(root, enc(path)))
         os.close(fd)
         held[path] = (None, 0, 0, 0)
 
@@ -1446,18 +1505,24 @@ def fix_file(full, uid, gid, mode, path):
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
         os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, full)
     finally:
         os.close(fd)
 
 
 def cleanup(stage, blob_dir, root, release):
+    """Remove what a failed ship made: the staging release, the received content, the new
+    release and its records (temporary ones too). Best effort: an error here must not hide the
+    one that stopped the ship; a mount point met is kept and reported (force_rmtree)."""
     for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
         try:
             force_rmtree(path)
         except OSError:
             pass
-    for record in (record_path(root, release), record_path(root, release) + b".tmp",
-                   creds_record_path(root, release), creds_record_path(root, release) + b".tmp"):
+    for record in (record_path(root, release), json_tmp_path(record_path(root, release)),
+                   creds_record_path(root, release),
+                   json_tmp_path(creds_record_path(root, release))):
         try:
             os.unlink(record)
         except OSError:
