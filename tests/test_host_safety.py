@@ -141,3 +141,97 @@ def test_files_vanishing_during_the_scan_are_not_errors(tmp_path, sshd_pool, ssh
     shipped = ship(inv, bp)
     assert shipped.code == 0, shipped.stdout + shipped.stderr
     assert proc.poll() is None
+
+
+# -- never outside the root: mount points and symlinks ---------------------------------------
+
+
+def _box(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts, **extra):
+    """(inventory, blueprint, root) for pool box 0 as root, after a first ship."""
+    root = tmp_path / "host-root"
+    bp = project(tmp_path)
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "web1": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, root, **extra)})
+    first = ship(inv, bp)
+    assert first.code == 0, first.stdout + first.stderr
+    return inv, bp, root
+
+
+def _outside(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """A directory outside the root with a few files; returns it and its snapshot."""
+    out = tmp_path / name
+    (out / "album").mkdir(parents=True)
+    (out / "photo.jpg").write_bytes(b"\xff\xd8 a photo")
+    (out / "album" / "b.jpg").write_bytes(b"\xff\xd8 another")
+    return out, snapshot(out)
+
+
+@pytest.mark.parametrize("kind", ["bind", "tmpfs"])
+def test_prune_stops_at_a_mount_point_and_keeps_that_release(tmp_path, sshd_pool, ssh_client_key,
+                                                             ssh_known_hosts, mounts, kind):
+    """A bind mount of a directory outside the root (same file system: same st_dev), or a tmpfs,
+    mounted inside an old release: the ship that prunes that release exits 0 with a warning
+    naming the mount point, keeps the release and its record, and removes nothing outside the
+    root (a symlink to outside in the release is not followed either). After the unmount the
+    next ship prunes it. (Before: the bind mount's files were deleted; exit 0, an EBUSY
+    warning.)"""
+    inv, bp, root = _box(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts, keep_releases=2)
+    old = current_target(root).split("/")[1]
+    (bp / "runner" / "README").write_text("second\n")
+    commit_all(bp)
+    assert ship(inv, bp).code == 0  # ``old`` is no longer in use; the next ship prunes it
+    media = root / "releases" / old / "runner" / "media"
+    media.mkdir()
+    source, before = _outside(tmp_path, "media-source")
+    if kind == "bind":
+        mounts.bind(source, media)
+    else:
+        mounts.tmpfs(media)
+        (media / "on-tmpfs").write_text("keep me\n")
+    victim, victim_before = _outside(tmp_path, "victim")
+    os.symlink(victim, root / "releases" / old / "runner" / "to-outside")
+    (bp / "runner" / "README").write_text("third\n")
+    commit_all(bp)
+    run = ship(inv, bp)
+    assert run.code == 0, run.stdout + run.stderr
+    result = run.host("web1")
+    assert snapshot(source) == before and snapshot(victim) == victim_before
+    assert old not in result["pruned"]
+    assert any(str(media) in w and "mount point" in w for w in result["warnings"]), result
+    assert (root / "releases" / old / "runner" / "run.sh").exists()  # kept whole
+    assert (root / ".fleetctl" / "releases" / f"{old}.json").exists()  # and its record
+    if kind == "tmpfs":
+        assert (media / "on-tmpfs").read_text() == "keep me\n"
+    mounts.unmount(media)
+    (bp / "runner" / "README").write_text("fourth\n")
+    commit_all(bp)
+    again = ship(inv, bp)
+    assert again.code == 0, again.stdout + again.stderr
+    assert old in again.host("web1")["pruned"] and again.host("web1")["warnings"] == []
+    assert not (root / "releases" / old).exists()
+    assert snapshot(source) == before and snapshot(victim) == victim_before
+
+
+def test_a_leftover_staging_release_with_a_mount_inside_is_kept_not_emptied(
+        tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts, mounts):
+    """A ``releases/.staging-*`` left by a killed ship, with a bind mount and a symlink to
+    outside the root in it: the next ship removes what is its own, keeps the mount point (a
+    warning names it), touches nothing outside, and succeeds. (Before: the bind mount's files
+    were deleted and the ship failed at prepare with EBUSY.)"""
+    inv, bp, root = _box(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts)
+    staging = root / "releases" / ".staging-20260101T000000000Z-deadbeef"
+    (staging / "runner" / "mnt").mkdir(parents=True)
+    (staging / "runner" / "half-written").write_text("x")
+    source, before = _outside(tmp_path, "media-source")
+    mounts.bind(source, staging / "runner" / "mnt")
+    victim, victim_before = _outside(tmp_path, "victim")
+    os.symlink(victim, staging / "to-outside")
+    (bp / "runner" / "README").write_text("second\n")
+    commit_all(bp)
+    run = ship(inv, bp)
+    assert run.code == 0, run.stdout + run.stderr
+    warnings = run.host("web1")["warnings"]
+    assert any(str(staging / "runner" / "mnt") in w for w in warnings), warnings
+    assert snapshot(source) == before and snapshot(victim) == victim_before
+    assert sorted(os.listdir(staging)) == ["runner"] and os.listdir(staging / "runner") == ["mnt"]
+    assert drift(inv, bp).code == 0
