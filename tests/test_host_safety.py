@@ -235,3 +235,57 @@ def test_a_leftover_staging_release_with_a_mount_inside_is_kept_not_emptied(
     assert snapshot(source) == before and snapshot(victim) == victim_before
     assert sorted(os.listdir(staging)) == ["runner"] and os.listdir(staging / "runner") == ["mnt"]
     assert drift(inv, bp).code == 0
+
+
+# -- errors that name the path ---------------------------------------------------------------
+
+
+def test_a_refused_chown_names_the_host_the_step_and_the_file(user_box):
+    """As a non-root login, a file declared ``owner: root:root`` cannot be given away: the ship
+    stops at ``assemble`` with exit 2 and the error names the host, the step and the staged file
+    (before: ``assemble: PermissionError: Operation not permitted``, no path); nothing is left."""
+    inv, bp, root, _user, _box = user_box
+    import yaml
+
+    (bp / "attributes.yaml").write_text(yaml.safe_dump(
+        {"files": [{"match": "runner/README", "owner": "root:root"}]}))
+    commit_all(bp)
+    run = ship(inv, bp)
+    assert run.code == 2, run.stdout + run.stderr
+    result = run.host("web1")
+    error = result["error"]
+    assert result["step"] == "assemble", result
+    assert error.startswith("web1: assemble: PermissionError: Operation not permitted ("), error
+    staged = error[error.index("(") + 1:error.rindex(")")]
+    assert staged.startswith(str(root / "releases" / ".staging-")), error
+    assert staged.endswith("/runner/README"), error
+    assert not (root / "releases").exists() or os.listdir(root / "releases") == []
+
+
+def test_a_full_disk_while_receiving_names_the_file(tmp_path, mount_tmpfs, sshd_pool,
+                                                    ssh_client_key, ssh_known_hosts):
+    """A 1 MiB file does not fit a 256 KiB disk: the error names the host, ``receive`` and the
+    file being received under ``.fleetctl/incoming-<id>/`` (before: no path)."""
+    from tests.test_ssh import _ship_too_big
+
+    root, _old, _tree, run = _ship_too_big(tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key,
+                                           ssh_known_hosts)
+    assert run.code == 2, run.stdout + run.stderr
+    error = run.host("web1")["error"]
+    assert error.startswith("web1: receive: OSError: No space left on device ("), error
+    assert f"({root}/.fleetctl/incoming-" in error, error
+
+
+def test_a_disk_filling_at_any_step_names_the_path(tmp_path, mount_tmpfs, sshd_pool,
+                                                   ssh_client_key, ssh_known_hosts):
+    """On a disk with one page more free at each attempt, the ship stops at receive, assemble,
+    record...; every failure names its step and an absolute path under the root."""
+    from tests.test_ssh import _ship_onto_filling_disk
+
+    root, _inv, _bp, _old, attempts = _ship_onto_filling_disk(
+        tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key, ssh_known_hosts)
+    failed = [(leave, run.host("web1")) for leave, run, *_ in attempts if run.code != 0]
+    assert len(failed) >= 3
+    for leave, result in failed:
+        assert f"web1: {result['step']}: " in result["error"], (leave, result["error"])
+        assert f"({root}/" in result["error"], (leave, result["error"])
