@@ -289,3 +289,75 @@ def test_a_disk_filling_at_any_step_names_the_path(tmp_path, mount_tmpfs, sshd_p
     for leave, result in failed:
         assert f"web1: {result['step']}: " in result["error"], (leave, result["error"])
         assert f"({root}/" in result["error"], (leave, result["error"])
+
+
+# -- temporary names within the name limit ---------------------------------------------------
+
+LONG_NAME = "k" * 238 + ".env"  # 242 bytes: valid, but ".fleetctl-new-" + it is 256
+
+
+def test_a_credential_file_with_a_242_byte_name_ships_rotates_and_leaves_nothing(
+        tmp_path, real_users, monkeypatch, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """A credential file whose name is 242 bytes (its old temporary name was 256, over NAME_MAX)
+    ships over SSH, is rotated by a second ship with no leftover, and a leftover a killed ship
+    would leave (the shortened temporary name, same prefix) is fleetctl's own: drift calls it
+    ``pending`` and the next ship removes it without --force. (Before: ship failed,
+    "File name too long".)"""
+    import tempfile
+
+    import yaml
+
+    from fleetctl import hostside
+    from fleetctl.credentials import LEFTOVER_PREFIX
+
+    assert len(LONG_NAME.encode()) == 242
+    base = Path(tempfile.mkdtemp(prefix="fleetctl-longname-"))
+    os.chmod(base, 0o755)  # the agent's user must reach its directory
+    try:
+        root = base / "box"
+        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
+               LONG_NAME + ".j2": "KEY={{ secret }}\n"}
+        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
+                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        user = real_users.name("lk")
+        agents = {"a": {"role": "worker", "user": user,
+                        "grants": {"lk": {"scope": {}, "secret": {"env": "LK_SECRET"}}}}}
+        inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(
+            sshd_pool[0], ssh_client_key, ssh_known_hosts, root, agents)})
+        agent_dir = root / "credentials" / "a"
+        for value in ("first-value", "rotated-value"):
+            monkeypatch.setenv("LK_SECRET", value)
+            run = ship(inv, bp)
+            assert run.code == 0, run.stdout + run.stderr
+            assert os.listdir(agent_dir) == [LONG_NAME]
+            assert (agent_dir / LONG_NAME).read_bytes() == f"KEY={value}\n".encode()
+            assert drift(inv, bp).code == 0
+        leftover_name = hostside.temp_name(hostside.CREDS_NEW, LONG_NAME.encode())
+        assert len(leftover_name) <= 255 and leftover_name.startswith(LEFTOVER_PREFIX.encode())
+        (agent_dir / os.fsdecode(leftover_name)).write_bytes(b"KEY=first-value\n")
+        found = drift(inv, bp)
+        assert {(c["path"], c["change"], c["origin"]) for c in found.host("web1")["changes"]} == {
+            (f"credentials/a/{os.fsdecode(leftover_name)}", "extra", "pending")}
+        assert ship(inv, bp).code == 0
+        assert os.listdir(agent_dir) == [LONG_NAME]
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
+@pytest.mark.parametrize("prefix,suffix", [(b".fleetctl-new-", b""), (b".staging-", b""),
+                                           (b".current.", b""), (b"", b".tmp")])
+def test_every_temporary_name_fits_for_any_valid_final_name(prefix, suffix):
+    """For every final name length 1..255 the temporary name is at most 255 bytes, keeps its
+    prefix and suffix, is the plain ``prefix + name + suffix`` whenever that fits, and differs
+    for different names."""
+    from fleetctl import hostside
+
+    seen = set()
+    for length in range(1, 256):
+        name = b"n" * length
+        tmp = hostside.temp_name(prefix, name, suffix)
+        assert len(tmp) <= 255 and tmp.startswith(prefix) and tmp.endswith(suffix)
+        if len(prefix + name + suffix) <= 255:
+            assert tmp == prefix + name + suffix
+        seen.add(tmp)
+    assert len(seen) == 255
