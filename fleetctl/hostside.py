@@ -1400,16 +1400,19 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
     want = dict((e["path"], e) for e in wanted)
 
     def remove(paths):
-        for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
-            full = os.path.join(root, enc(path))
-            if live[path]["type"] == "dir":
-                if path in held:
-                    os.close(held.pop(path)[0])
-                # fd-based: no link followed, no chmod or retry by a path the agent could
-                # swap, and a mount point inside is kept (reported), never entered.
-                force_rmtree(full)
-            elif os.path.lexists(full):
-                os.unlink(full)
+        """Remove the manifest ``paths`` (of ``live``), each topmost one as one tree."""
+        going = set(paths)
+        for path in sorted(going):
+            if any(path.startswith(p + "/") for p in going):
+                continue  # goes with the tree above it
+            for inside in [p for p in held if p == path or p.startswith(path + "/")]:
+                fd = held.pop(inside)[0]
+                if fd is not None:
+                    os.close(fd)
+            # One fd-based removal per topmost path, never file by file by path: no link
+            # followed, nothing chmodded or retried by a path the agent could swap, and a mount
+            # point inside (whose files the scan listed too) is kept and reported, not emptied.
+            force_rmtree(os.path.join(root, enc(path)))
         for path in list(live):
             if any(path == p or path.startswith(p + "/") for p in paths):
                 live.pop(path)

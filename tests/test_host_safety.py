@@ -237,6 +237,50 @@ def test_a_leftover_staging_release_with_a_mount_inside_is_kept_not_emptied(
     assert drift(inv, bp).code == 0
 
 
+def test_revoking_credentials_never_empties_a_mount_inside_them(
+        tmp_path, real_users, monkeypatch, sshd_pool, ssh_client_key, ssh_known_hosts, mounts):
+    """A directory bind-mounted inside an agent's credentials directory (its files are scanned
+    like the agent's own): revoking the agent's grant with --force removes the credential files
+    but never enters the mount: its source's files stay, a warning names it. (Before: each of
+    its files was unlinked through the mount, then the ship failed with EBUSY.)"""
+    import tempfile
+
+    import yaml
+
+    base = Path(tempfile.mkdtemp(prefix="fleetctl-credmount-"))
+    os.chmod(base, 0o755)
+    try:
+        root = base / "box"
+        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
+               "key.env.j2": "KEY={{ secret }}\n"}
+        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
+                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        user = real_users.name("cm")
+        monkeypatch.setenv("LK_SECRET", "s3cret")
+
+        def configure(grants: dict) -> Path:
+            agents = {"a": {"role": "worker", "user": user, "grants": grants}}
+            return write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(
+                sshd_pool[0], ssh_client_key, ssh_known_hosts, root, agents)})
+
+        inv = configure({"lk": {"scope": {}, "secret": {"env": "LK_SECRET"}}})
+        assert ship(inv, bp).code == 0
+        mnt = root / "credentials" / "a" / "mnt"
+        mnt.mkdir()
+        source, before = _outside(tmp_path, "media-source")
+        mounts.bind(source, mnt)
+        inv = configure({})
+        run = ship(inv, bp, "--force")
+        assert snapshot(source) == before
+        assert run.code == 0, run.stdout + run.stderr
+        assert any(str(mnt) in w for w in run.host("web1")["warnings"]), run.host("web1")
+        assert not (root / "credentials" / "a" / "key.env").exists()
+    finally:
+        for point in list(mounts.points):
+            mounts.unmount(point)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
 # -- errors that name the path ---------------------------------------------------------------
 
 
