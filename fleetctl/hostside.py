@@ -424,14 +424,13 @@ def scan_credentials(root, emit_events):
     """
     top = os.path.join(root, CREDS_DIR)
     try:
-        st = os.lstat(top)
+        first = describe_path(top, CREDS_DIR)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return [], 0
         if emit_events:
             emit({"t": "unreadable", "path": dec(CREDS_DIR), "error": os_error_text(exc)})
         return [], 1
-    first = describe(top, CREDS_DIR, st)
+    if first is None:  # none, or it vanished as it was looked at
+        return [], 0
     if emit_events:
         event = dict(first)
         event["t"] = "entry"

@@ -405,3 +405,59 @@ def test_every_temporary_name_fits_for_any_valid_final_name(prefix, suffix):
             assert tmp == prefix + name + suffix
         seen.add(tmp)
     assert len(seen) == 255
+
+
+# -- the walk itself, with the race made deterministic ---------------------------------------
+
+
+def _walk(top: Path, on_entry=None):
+    from fleetctl import hostside
+
+    seen, bad = [], []
+
+    def sink(entry):
+        seen.append(entry["path"])
+        if on_entry:
+            on_entry(entry)
+
+    hostside.walk(os.fsencode(top), sink, lambda rel, exc: bad.append((rel, exc.errno)))
+    return sorted(seen), bad
+
+
+def test_what_vanishes_after_the_listing_is_absent_and_unreadable_stays_unreadable(tmp_path):
+    """The first entry the walk describes removes every other file and directory of the tree
+    (listed, not yet read): they are absent, nothing is unreadable. (What cannot be read is
+    still unreadable: tests/test_ssh.py::test_unreadable_subtree_makes_scan_incomplete.)"""
+    import shutil
+
+    top = tmp_path / "t"
+    for name in ("a", "b", "c"):
+        (top / "d" / name).mkdir(parents=True)
+        (top / "d" / name / "f").write_text("x")
+        (top / f"f{name}").write_text("x")
+        os.symlink("nowhere", top / f"l{name}")
+
+    def sweep(entry):
+        if len(seen_once) == 0:
+            seen_once.append(entry["path"])
+            for child in top.iterdir():
+                if child.name != entry["path"]:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() \
+                        else child.unlink()
+
+    seen_once: list[str] = []
+    seen, bad = _walk(top, sweep)
+    assert bad == [] and seen == seen_once
+
+
+def test_a_tree_removed_while_it_is_walked_is_unreadable_not_empty(tmp_path):
+    """If the scanned tree itself goes (a release pruned under a drift), the walk does not end
+    as if it had been empty: it reports the top as unreadable."""
+    import errno
+    import shutil
+
+    top = tmp_path / "t"
+    (top / "sub").mkdir(parents=True)
+    (top / "sub" / "f").write_text("x")
+    seen, bad = _walk(top, lambda entry: shutil.rmtree(top) if top.exists() else None)
+    assert bad == [(b"", errno.ENOENT)]
