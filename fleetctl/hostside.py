@@ -672,6 +672,7 @@ class _Removal(object):
     def remove(self, path):
         """Remove ``path``; return whether it is gone."""
         head, name = os.path.split(path.rstrip(b"/"))
+        head = head or b"."
         try:
             pfd = os.open(head, _DIR_FLAGS)
         except FileNotFoundError:
@@ -727,8 +728,8 @@ def force_rmtree(path):
     """remove_tree, with a ``warning`` event per mount point kept; returns those paths."""
     kept = remove_tree(path)
     for point in kept:
-        emit({"t": "warning", "message": "kept %s: %s is a mount point (fleetctl removes nothing "
-              "on another mount); unmount it and the next ship removes the rest"
+        emit({"t": "warning", "message": "could not remove all of %s: %s is a mount point, and "
+              "fleetctl removes nothing on another mount; it stays until it is unmounted"
               % (dec(path), dec(point))})
     return kept
 
@@ -782,7 +783,7 @@ def temp_name(prefix, name, suffix=b"", limit=NAME_MAX):
     when that is longer than ``limit`` bytes, ``prefix`` + the first TEMP_HASH_HEX hex digits
     of sha256(name) + ``suffix``. Any valid final name thus has a temporary name that fits, the
     same one each time, and it always starts with ``prefix``, which is how a leftover of an
-    interrupted ship is recognised (``CREDS_NEW``, ``.staging-``, ``incoming-``)."""
+    interrupted ship is recognised (``CREDS_NEW``)."""
     full = prefix + name + suffix
     if len(full) <= limit:
         return full
