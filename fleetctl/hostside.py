@@ -166,10 +166,18 @@ def parse_owner(owner, step, path):
 # -- scanning ----------------------------------------------------------------------------------
 
 
-def file_digest(path):
+# A directory opened to be walked or emptied: never through a symlink at its own name.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def file_digest(path, dir_fd=None):
+    """sha256 (``"sha256:<hex>"``) of the regular file ``path`` (relative to the directory fd
+    ``dir_fd`` when given), opened without following a link. Raises OSError: EAGAIN when it is
+    no longer a regular file, ELOOP when it is now a symlink."""
     h = hashlib.sha256()
     # O_NONBLOCK: a FIFO swapped in after the lstat must not hang the scan (and the host lock).
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0),
+                 dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EAGAIN, "changed while it was scanned (no longer a file)")
@@ -183,13 +191,14 @@ def file_digest(path):
     return "sha256:" + h.hexdigest()
 
 
-def describe(full, rel, st):
-    """Return the manifest entry dict of one lstat'ed node."""
+def describe(name, rel, st, dir_fd=None):
+    """Return the manifest entry dict of one lstat'ed node: ``name`` is its path, relative to
+    the directory fd ``dir_fd`` when given; ``rel`` its path in the manifest (bytes)."""
     mode = stat.S_IMODE(st.st_mode)
     entry = {"path": dec(rel), "owner": user_name(st.st_uid) + ":" + group_name(st.st_gid)}
     if stat.S_ISLNK(st.st_mode):
         entry["type"] = "symlink"
-        entry["target"] = dec(os.readlink(full))
+        entry["target"] = dec(os.readlink(name, dir_fd=dir_fd))
     elif stat.S_ISDIR(st.st_mode):
         entry["type"] = "dir"
         entry["mode"] = "%04o" % mode
@@ -197,7 +206,7 @@ def describe(full, rel, st):
         entry["type"] = "file"
         entry["mode"] = "%04o" % mode
         entry["size"] = st.st_size
-        entry["digest"] = file_digest(full)
+        entry["digest"] = file_digest(name, dir_fd)
     else:
         entry["type"] = "other"
         entry["mode"] = "%04o" % mode
@@ -213,13 +222,15 @@ REPLACED = (errno.ELOOP, errno.EINVAL, errno.EAGAIN)
 DESCRIBE_ATTEMPTS = 3
 
 
-def describe_path(full, rel):
-    """lstat and describe the node at ``full``; None when it vanished (ENOENT/ENOTDIR) before
-    it could be read. One replaced by another type meanwhile is looked at again, up to
-    ``DESCRIBE_ATTEMPTS`` times. Raises OSError when it cannot be read (EACCES, EIO, ...)."""
+def describe_path(name, rel, dir_fd=None):
+    """lstat and describe the node ``name`` (relative to ``dir_fd`` when given); None when it
+    vanished (ENOENT/ENOTDIR) before it could be read. One replaced by another type meanwhile
+    is looked at again, up to ``DESCRIBE_ATTEMPTS`` times. Raises OSError when it cannot be
+    read (EACCES, EIO, ...)."""
     for attempt in range(1, DESCRIBE_ATTEMPTS + 1):
         try:
-            return describe(full, rel, os.lstat(full))
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            return describe(name, rel, st, dir_fd)
         except OSError as exc:
             if exc.errno in VANISHED:
                 return None
@@ -236,39 +247,62 @@ def walk(top, sink, on_unreadable):
     ``top`` that vanishes while it is scanned is left out, silently (see ``VANISHED``); ``top``
     itself missing, or removed before the walk ends (the whole tree went, not a file in it), is
     unreadable, with ``rel`` ``b""``.
+
+    ``top`` is opened once (following a link there: ``current/``); from it each directory is
+    opened relative to its parent's fd without following a link, and each node is read
+    relative to its directory's fd. So a directory swapped for a symlink during the walk is
+    never followed out of the tree, and the walk stays in the tree ``top`` was when it began.
+    Open fds: one per directory level being walked.
     """
     try:
-        # Held open to tell, at the end, whether the tree itself was removed meanwhile.
         top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         on_unreadable(b"", exc)
         return
+    stack = []  # (directory fd, its rel path, names not yet described), deepest last
     try:
-        stack = [b""]
+        try:
+            stack.append((top_fd, b"", [enc(n) for n in os.listdir(top_fd)]))
+        except OSError as exc:
+            on_unreadable(b"", exc)
         while stack:
-            rel_dir = stack.pop()
-            full_dir = os.path.join(top, rel_dir) if rel_dir else top
-            try:
-                names = os.listdir(full_dir)
-            except OSError as exc:
-                if not (rel_dir and exc.errno in VANISHED):
-                    on_unreadable(rel_dir, exc)
+            fd, rel_dir, names = stack[-1]
+            if not names:
+                stack.pop()
+                if fd != top_fd:
+                    os.close(fd)
                 continue
-            for name in names:
-                rel = rel_dir + b"/" + name if rel_dir else name
-                try:
-                    entry = describe_path(os.path.join(full_dir, name), rel)
-                except OSError as exc:
+            name = names.pop()
+            rel = rel_dir + b"/" + name if rel_dir else name
+            try:
+                entry = describe_path(name, rel, fd)
+            except OSError as exc:
+                on_unreadable(rel, exc)
+                continue
+            if entry is None:
+                continue
+            sink(entry)
+            if entry["type"] != "dir":
+                continue
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                # Gone, or swapped for a link since it was described: nothing under it now.
+                if exc.errno not in VANISHED + (errno.ELOOP,):
                     on_unreadable(rel, exc)
-                    continue
-                if entry is None:
-                    continue
-                sink(entry)
-                if entry["type"] == "dir":
-                    stack.append(rel)
+                continue
+            try:
+                stack.append((child, rel, [enc(n) for n in os.listdir(child)]))
+            except OSError as exc:
+                os.close(child)
+                on_unreadable(rel, exc)
+        # Held open to tell whether the tree itself was removed meanwhile (a pruned release).
         if os.fstat(top_fd).st_nlink == 0:
             on_unreadable(b"", OSError(errno.ENOENT, "removed while it was scanned"))
     finally:
+        for fd, _rel, _names in stack:
+            if fd != top_fd:
+                os.close(fd)
         os.close(top_fd)
 
 
@@ -513,9 +547,6 @@ def lock_holder(root):
 # or a bind mount of the same one (same st_dev, so the mount id and /proc/self/mountinfo decide),
 # is neither entered nor removed. shutil.rmtree crossed into a bind mount inside an old release
 # and deleted its source's files.
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-
 
 def with_path(exc, path):
     """Return ``exc`` (an OSError) naming ``path`` (bytes or str): calls on an fd carry no file

@@ -426,7 +426,8 @@ def _walk(top: Path, on_entry=None):
 
 def test_what_vanishes_after_the_listing_is_absent_and_unreadable_stays_unreadable(tmp_path):
     """The first entry the walk describes removes every other file and directory of the tree
-    (listed, not yet read): they are absent, nothing is unreadable. (What cannot be read is
+    (listed, not yet read): only that entry (and what is under it) is seen, nothing is
+    unreadable. (What cannot be read is
     still unreadable: tests/test_ssh.py::test_unreadable_subtree_makes_scan_incomplete.)"""
     import shutil
 
@@ -447,7 +448,9 @@ def test_what_vanishes_after_the_listing_is_absent_and_unreadable_stays_unreadab
 
     seen_once: list[str] = []
     seen, bad = _walk(top, sweep)
-    assert bad == [] and seen == seen_once
+    (first,) = seen_once
+    assert bad == []
+    assert all(p == first or p.startswith(first + "/") for p in seen), (first, seen)
 
 
 def test_a_tree_removed_while_it_is_walked_is_unreadable_not_empty(tmp_path):
@@ -461,3 +464,22 @@ def test_a_tree_removed_while_it_is_walked_is_unreadable_not_empty(tmp_path):
     (top / "sub" / "f").write_text("x")
     seen, bad = _walk(top, lambda entry: shutil.rmtree(top) if top.exists() else None)
     assert bad == [(b"", errno.ENOENT)]
+
+
+def test_a_directory_swapped_for_a_symlink_during_the_walk_is_never_followed(tmp_path):
+    """Right after the walk has described ``d`` as a directory, ``d`` is replaced by a symlink
+    to a directory outside the tree: nothing of that outside directory is ever read."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not the tree's\n")
+    top = tmp_path / "t"
+    (top / "d").mkdir(parents=True)
+    (top / "d" / "f").write_text("x")
+
+    def swap(entry):
+        if entry["path"] == "d":
+            os.rename(top / "d", tmp_path / "d-aside")
+            os.symlink(outside, top / "d")
+
+    seen, bad = _walk(top, swap)
+    assert seen == ["d"] and bad == []
