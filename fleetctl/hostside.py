@@ -968,13 +968,6 @@ def write_record(root, release, desired, meta):
     write_json(record_path(root, release), body, 0o644)
 
 
-def json_tmp_path(final):
-    """Where write_json writes ``final`` before renaming it: ``<final>.tmp``, name shortened by
-    temp_name when too long."""
-    head, name = os.path.split(final)
-    return os.path.join(head, temp_name(b"", name, b".tmp"))
-
-
 def write_json(final, body, mode):
     """Write ``body`` as JSON to ``final`` (bytes path) with ``mode``: to json_tmp_path(final),
     fsynced, then renamed over ``final``. OSError names the file that failed."""
@@ -992,6 +985,13 @@ def write_json(final, body, mode):
     finally:
         os.close(fd)
     os.rename(tmp, final)
+
+
+def json_tmp_path(final):
+    """Where write_json writes ``final`` before renaming it: ``<final>.tmp``, name shortened by
+    temp_name when too long."""
+    head, name = os.path.split(final)
+    return os.path.join(head, temp_name(b"", name, b".tmp"))
 
 
 def fsync_dir(path):
