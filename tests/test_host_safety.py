@@ -483,3 +483,36 @@ def test_a_directory_swapped_for_a_symlink_during_the_walk_is_never_followed(tmp
 
     seen, bad = _walk(top, swap)
     assert seen == ["d"] and bad == []
+
+
+def test_a_non_root_login_prunes_releases_with_read_only_and_closed_directories(user_box):
+    """As a non-root login, an old release holding 0555 directories with files, and a staging
+    release a killed ship left with a 0000 directory and a 0555 one in it, are removed
+    completely: each directory is opened up through its own file descriptor; no warning."""
+    import yaml
+
+    inv, bp, root, user, _box = user_box
+    inv.write_text(inv.read_text().replace("transport: ssh", "keep_releases: 1\n    transport: ssh"))
+    (bp / "attributes.yaml").write_text(yaml.safe_dump(
+        {"dirs": [{"path": "runner/ro", "mode": "0555"}],
+         "files": [{"match": "runner/lib", "mode": "0555"}]}))
+    commit_all(bp)
+    first = ship(inv, bp)
+    assert first.code == 0, first.stdout + first.stderr
+    old = root / current_target(root)
+    assert os.lstat(old / "runner" / "lib").st_mode & 0o777 == 0o555
+    staging = root / "releases" / ".staging-20260101T000000000Z-0badf00d"
+    for d in (staging / "closed", staging / "ro"):
+        d.mkdir(parents=True)
+        (d / "f").write_text("x")
+    for p in (staging, staging / "closed", staging / "closed" / "f", staging / "ro",
+              staging / "ro" / "f"):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    os.chmod(staging / "closed", 0)
+    os.chmod(staging / "ro", 0o555)
+    (bp / "runner" / "README").write_text("second\n")
+    commit_all(bp)
+    second = ship(inv, bp)
+    assert second.code == 0, second.stdout + second.stderr
+    assert second.host("web1")["pruned"] == [old.name] and second.host("web1")["warnings"] == []
+    assert not old.exists() and not staging.exists()
