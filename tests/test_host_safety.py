@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, make_project, snapshot, ssh_host, write_inventory
+from tests.helpers import make_project, snapshot, ssh_host, write_inventory
 from tests.test_ssh import (  # noqa: F401 - fixtures
     RUNNER,
     commit_all,
