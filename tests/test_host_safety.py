@@ -335,6 +335,46 @@ def test_a_disk_filling_at_any_step_names_the_path(tmp_path, mount_tmpfs, sshd_p
         assert f"({root}/" in result["error"], (leave, result["error"])
 
 
+def test_a_refused_credential_fix_names_the_credential_file(
+        tmp_path, real_users, monkeypatch, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """A credential file whose mode was changed by hand and which is immutable (``chattr +i``):
+    ``ship --force`` cannot put its mode back (fchmod on its fd is refused) and the error names
+    the host, ``credentials`` and the file (before: no path)."""
+    import tempfile
+
+    import yaml
+
+    base = Path(tempfile.mkdtemp(prefix="fleetctl-credfix-"))
+    os.chmod(base, 0o755)
+    target = None
+    try:
+        root = base / "box"
+        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
+               "key.env.j2": "KEY={{ secret }}\n"}
+        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
+                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        monkeypatch.setenv("LK_SECRET", "s3cret")
+        agents = {"a": {"role": "worker", "user": real_users.name("cf"),
+                        "grants": {"lk": {"scope": {}, "secret": {"env": "LK_SECRET"}}}}}
+        inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(
+            sshd_pool[0], ssh_client_key, ssh_known_hosts, root, agents)})
+        assert ship(inv, bp).code == 0
+        target = root / "credentials" / "a" / "key.env"
+        os.chmod(target, 0o400)
+        if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode:
+            target = None
+            pytest.skip("chattr +i is not supported on this filesystem")
+        run = ship(inv, bp, "--force")
+        assert run.code == 2, run.stdout + run.stderr
+        error = run.host("web1")["error"]
+        assert error.startswith("web1: credentials: PermissionError: Operation not permitted ("), error
+        assert f"({target})" in error, error
+    finally:
+        if target is not None:
+            subprocess.run(["chattr", "-i", str(target)], check=False)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
 # -- temporary names within the name limit ---------------------------------------------------
 
 LONG_NAME = "k" * 238 + ".env"  # 242 bytes: valid, but ".fleetctl-new-" + it is 256
