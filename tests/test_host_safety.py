@@ -367,7 +367,8 @@ def test_a_refused_credential_fix_names_the_credential_file(
         run = ship(inv, bp, "--force")
         assert run.code == 2, run.stdout + run.stderr
         error = run.host("web1")["error"]
-        assert error.startswith("web1: credentials: PermissionError: Operation not permitted ("), error
+        assert error.startswith(
+            "web1: credentials: PermissionError: Operation not permitted ("), error
         assert f"({target})" in error, error
     finally:
         if target is not None:
@@ -532,7 +533,8 @@ def test_a_non_root_login_prunes_releases_with_read_only_and_closed_directories(
     import yaml
 
     inv, bp, root, user, _box = user_box
-    inv.write_text(inv.read_text().replace("transport: ssh", "keep_releases: 1\n    transport: ssh"))
+    inv.write_text(inv.read_text().replace("transport: ssh",
+                                           "keep_releases: 1\n    transport: ssh"))
     (bp / "attributes.yaml").write_text(yaml.safe_dump(
         {"dirs": [{"path": "runner/ro", "mode": "0555"}],
          "files": [{"match": "runner/lib", "mode": "0555"}]}))
