@@ -1086,8 +1086,11 @@ def prune(root, keep, current):
     names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
     points = mount_points()
     removed = []
+    # Never the release in use, nor the last one a ship put in use (after a rollback the
+    # newer release is kept: it is the way forward again).
+    protected = set([current, last_shipped(root)])
     for name in names[:-keep] if keep > 0 else names:
-        if name == current:
+        if name in protected:
             continue
         top = os.path.join(releases_dir, name)
         inside = mounts_under(points, real_path(top))
@@ -1228,8 +1231,8 @@ def ship_locked(root, command, state, scanned):
     ignore = compile_ignore(command.get("ignore", []))
     release = enc(command["release"])
     releases_dir = os.path.join(root, b"releases")
-    stage = os.path.join(releases_dir, b".staging-" + release)
-    blob_dir = os.path.join(root, enc(STATE_DIR), b"incoming-" + release)
+    stage = os.path.join(releases_dir, temp_name(b".staging-", release))
+    blob_dir = os.path.join(root, enc(STATE_DIR), temp_name(b"incoming-", release))
     current_dir = os.path.join(root, b"current")
     step = "prepare"
     try:
@@ -1996,6 +1999,24 @@ def read_files(root, request):
         os.close(top)
     emit({"t": "read-end"})
     return 0
+
+
+def last_shipped(root):
+    """The release the last successful ship put in use, from the history (bytes), or None."""
+    found = None
+    try:
+        with open(history_path(root), "rb") as fh:
+            for raw in fh:
+                try:
+                    entry = json.loads(raw.decode("utf-8", "surrogateescape"))
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and entry.get("kind") == "ship" and \
+                        isinstance(entry.get("release"), str):
+                    found = enc(entry["release"])
+    except OSError:
+        pass
+    return found
 
 
 def history_path(root):
