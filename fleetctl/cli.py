@@ -76,6 +76,16 @@ def _load(inventory: Optional[Path], blueprint: Optional[Path],
     return inv, bp
 
 
+def _tree_path(path: str, option: str) -> str:
+    """A path as drift shows them (relative to the managed tree), or an InputError."""
+    parts = path.rstrip("/").split("/")
+    if not path.rstrip("/") or path.startswith("/") or "\0" in path or \
+            any(p in ("", ".", "..") for p in parts):
+        raise InputError(f"{option} {path!r}: not a plain path relative to the managed tree",
+                         hint="name paths as drift shows them, e.g. runner/README")
+    return "/".join(parts)
+
+
 def _source(inv: Inventory, bp: Blueprint) -> SourceState:
     return inspect_source(bp.root, bp.templates, inv.path)
 
@@ -250,7 +260,8 @@ def ship(
         source = _source(inv, bp)
         options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
                               renamed_from=renamed_from, skip_unreachable=skip_unreachable,
-                              force_paths=tuple(p.strip("/") for p in force_path or ()))
+                              force_paths=tuple(_tree_path(p, "--force-path")
+                                                for p in force_path or ()))
         refusal = source_refusal(source, options)
         if dry_run or refusal is not None:
             results = [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,

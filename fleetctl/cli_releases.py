@@ -49,6 +49,18 @@ def _inventory(inventory: Optional[Path], timeout_s: float) -> Any:
     return Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
 
 
+def _or_document(command: str, fmt: Format, target: Any, host: str, fn: Any) -> Any:
+    """Run ``fn``; with ``--format json``, a failure still writes a document (its error, hint
+    and exit code) before it is reported and exits: CI always gets something to parse."""
+    try:
+        return fn()
+    except FleetctlError as exc:
+        if fmt is Format.json:
+            target.write(_document(command, exc.exit_code, host=host, error=exc.message,
+                                   hint=exc.hint))
+        raise
+
+
 def _document(command: str, exit_code: int, **body: Any) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "command": command,
                        "exit_code": exit_code, **body}, indent=2, ensure_ascii=False) + "\n"
@@ -70,7 +82,7 @@ def releases_command(
         inv = _inventory(inventory, timeout)
         (selected,) = inv.select([host])
         target = ReportTarget(output)
-        found = read_releases(selected)
+        found = _or_document("releases", fmt, target, host, lambda: read_releases(selected))
         if fmt is Format.json:
             target.write(_document("releases", EXIT_OK, host=found.host, current=found.current,
                                    releases=[r.to_json() for r in found.releases],
@@ -88,6 +100,10 @@ def releases_command(
                           (r.commit or "-")[:12], source, printable(r.shipped_by or "-"),
                           "yes" if r.forced else "" if r.recorded else "no record")
         console.print(table)
+        for r in found.releases:
+            if r.problem:
+                console.print(Text(f"warning: release {r.id}: {printable(r.problem)} (not a "
+                                   "rollback target)", style="yellow"), soft_wrap=True)
         for warning in found.warnings:
             console.print(Text(f"warning: {printable(warning)}", style="yellow"))
         target.write("")
@@ -121,9 +137,13 @@ def rollback_command(
         inv = _inventory(inventory, timeout)
         (selected,) = inv.select([host])
         target = ReportTarget(output)
-        done = rollback(selected, to, force)
+        done = _or_document("rollback", fmt, target, host,
+                            lambda: rollback(selected, to, force))
         if fmt is Format.json:
             target.write(_document("rollback", EXIT_OK, **done.to_json()))
+        elif done.unchanged:
+            target.write(f"{done.host}: release {done.release} is already in use; nothing "
+                         "to do\n")
         else:
             target.write(f"{done.host}: rolled back from {done.previous} to {done.release}\n")
             for difference in done.differences:

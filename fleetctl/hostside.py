@@ -427,7 +427,7 @@ def write_identity(root, identity):
 
 
 RECORD_META_KEYS = ("created", "fleetctl", "shipped_by", "previous", "desired_digest",
-                    "source", "forced", "allow_dirty", "host", "host_id", "kind")
+                    "source", "forced", "allow_dirty", "host", "host_id", "kind", "renamed_from")
 
 
 def record_meta(root, release):
@@ -1286,35 +1286,38 @@ def ship_locked(root, command, state, scanned):
         step = "verify"
         emit({"t": "step", "name": step})
         flush()
-        verify(stage, tree)
-        step = "record"
-        emit({"t": "step", "name": step})
-        flush()
+        try:
+            verify(stage, tree)
+        except Stop:
+            # A file copied from the release in use after a person edited it differs from
+            # the plan: that is a hand-patch made during the ship, refused like one.
+            if edited_during_ship(root, state, scanned, ignore):
+                raise Stop(step, "changed", "the current release was edited during the ship; "
+                           "nothing was switched, run again to see the hand-patch")
+            raise
         # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
         # of a ship's time): the release must be on disk before it can become current.
         os.sync()
-        os.rename(stage, os.path.join(releases_dir, release))
-        write_record(root, release, command["desired"], command.get("meta", {}))
-        fsync_dir(releases_dir)
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
-            step = "switch"
-            raise Stop(step, "changed", "the current release was edited during the ship; "
-                       "nothing was switched, run again to see the hand-patch")
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
+        if edited_during_ship(root, state, scanned, ignore):
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
         # Two-phase across the fleet: this host is ready to switch; the client says commit
         # only once every host it ships is ready, so no host switches while another failed.
+        # Until then the release stays a staging directory: a ship killed here leaves only a
+        # leftover the next ship removes, never a release that looks shipped.
         emit({"t": "prepared", "release": dec(release)})
         flush()
         step = "commit"
         go = json.loads(read_frame().decode("utf-8", "surrogateescape"))
         if go.get("cmd") != "commit":
             raise Aborted()
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
+        step = "record"
+        emit({"t": "step", "name": step})
+        flush()
+        os.rename(stage, os.path.join(releases_dir, release))
+        write_record(root, release, command["desired"], command.get("meta", {}))
+        fsync_dir(releases_dir)
+        if edited_during_ship(root, state, scanned, ignore):
             step = "switch"
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
@@ -1334,7 +1337,8 @@ def ship_locked(root, command, state, scanned):
                               "by": meta.get("shipped_by"), "release": dec(release),
                               "previous": state["current"], "host": meta.get("host"),
                               "forced": meta.get("forced"), "source": meta.get("source"),
-                              "allow_dirty": meta.get("allow_dirty")})
+                              "allow_dirty": meta.get("allow_dirty"),
+                              "renamed_from": meta.get("renamed_from")})
     except Aborted:
         cleanup(stage, blob_dir, root, release)
         emit({"t": "done", "release": None, "pruned": [], "aborted": True})
@@ -1369,6 +1373,12 @@ def ship_locked(root, command, state, scanned):
         emit({"t": "warning", "message": "prune failed: %s" % os_error_text(exc)})
     emit({"t": "done", "release": dec(release), "pruned": pruned})
     return 0
+
+
+def edited_during_ship(root, state, scanned, ignore):
+    """Whether the release in use changed since the scan (a hand-patch made during the ship)."""
+    return state["current_kind"] in ("symlink", "foreign-symlink") and \
+        not unchanged_since_scan(root, scanned, ignore)
 
 
 def is_credential(path):
@@ -1979,12 +1989,14 @@ def read_files(root, request):
                     elif st.st_size > limit:
                         event["size"], event["too_large"] = st.st_size, True
                     else:
-                        data = b""
-                        while len(data) <= limit:
+                        blocks, got = [], 0
+                        while got <= limit:
                             block = os.read(fd, CHUNK_BYTES)
                             if not block:
                                 break
-                            data += block
+                            blocks.append(block)
+                            got += len(block)
+                        data = b"".join(blocks)
                         if len(data) > limit:
                             event["size"], event["too_large"] = len(data), True
                         else:
@@ -2055,8 +2067,14 @@ def list_releases(root, request):
     emit({"t": "releases", "current": state["current"], "identity": state.get("identity")})
     for name in state["releases"]:
         recorded = os.path.lexists(record_path(root, enc(name)))
-        emit({"t": "release", "id": name, "recorded": recorded,
-              "meta": record_meta(root, enc(name)) if recorded else {}})
+        event = {"t": "release", "id": name, "recorded": recorded,
+                 "meta": record_meta(root, enc(name)) if recorded else {}}
+        if recorded:
+            try:
+                read_manifest(record_path(root, enc(name)))
+            except (OSError, ValueError) as exc:
+                event["problem"] = "its record cannot be used: %s" % exc
+        emit(event)
     try:
         with open(history_path(root), "rb") as fh:
             for raw in fh:
@@ -2126,13 +2144,20 @@ def rollback(root, request):
             raise Stop("rollback", "failed", "no release %s on the host (releases: %s)"
                        % (target, ", ".join(state["releases"]) or "none"))
         if target == current:
-            raise Stop("rollback", "failed", "release %s is already in use" % target)
+            emit({"t": "done", "release": target, "previous": current, "differences": [],
+                  "unchanged": True})
+            return 0
         if not os.path.lexists(record_path(root, enc(target))):
             raise Stop("verify", "failed", "release %s has no record to verify it against"
                        % target)
         emit({"t": "step", "name": "verify"})
         flush()
-        problems = release_differences(root, enc(target))
+        try:
+            problems = release_differences(root, enc(target))
+        except (OSError, ValueError) as exc:
+            raise Stop("verify", "failed", "the record of release %s cannot be used (%s): the "
+                       "release cannot be verified, so it is not rolled back to"
+                       % (target, exc), dec(record_path(root, enc(target))))
         if problems and not request.get("force"):
             raise Stop("verify", "changed", "release %s was changed since it was shipped: %s%s"
                        % (target, "; ".join(problems[:8]),

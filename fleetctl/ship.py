@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
 from fleetctl.diffs import diffs_for
+from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.errors import (
     FleetctlError,
     HostError,
@@ -35,6 +36,7 @@ from fleetctl.errors import (
 from fleetctl.fanout import fan_out, wait_interruptible
 from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, read_scan
 from fleetctl.inventory import Host
+from fleetctl.names import printable
 from fleetctl.manifest import Manifest
 from fleetctl.plan import (
     ERROR,
@@ -237,6 +239,7 @@ class HostShip:
         result.unreadable, result.warnings = state.unreadable, list(state.warnings)
         result.commit, result.ancestry, result.identity = state.commit, found, _identity_name(state)
         result.plan_digest, result.accounts = plan.digest, list(plan.accounts)
+        result.warnings += _unused_force_paths(options, changes)
         _raise_stop(plan)
         if plan.status == NO_OP:
             result.status = "no-op"
@@ -260,7 +263,9 @@ class HostShip:
                      "shipped_by": operator(), "previous": state.current,
                      "desired_digest": desired.digest(), "source": self.source.to_json(),
                      "allow_dirty": options.allow_dirty and not self.source.clean,
-                     "forced": forced, "host": host.name, "host_id": identity["id"]},
+                     "forced": forced, "host": host.name, "host_id": identity["id"],
+                     "renamed_from": state.identity.get("name") if state.identity and
+                     state.identity.get("name") != host.name else None},
         }
         if self.units is not None:
             self._command.update(services_request(host, self.units, with_content=True))
@@ -436,6 +441,7 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
                         plan_digest=plan.digest, warnings=list(state.warnings), dry_run=True,
                         commit=state.commit, ancestry=found, identity=_identity_name(state),
                         in_progress=state.ship_in_progress, accounts=list(plan.accounts))
+    result.warnings += _unused_force_paths(options, changes)
     if diff:
         progress.host_step(host.name, "diff")
         result.diffs = diffs_for(host, tree.contents, changes)
@@ -460,6 +466,13 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
     result.sent_bytes = sum(len(tree.contents[b]) for b in plan.sends) + sum(
         len(tree.secrets[d].reveal()) for d in plan.secrets)
     return result
+
+
+def _unused_force_paths(options: ShipOptions, changes: list[Change]) -> list[str]:
+    """A warning for each --force-path that matches no change made on this host."""
+    on_host = [c.path for c in changes if c.origin in REFUSED_ORIGINS]
+    return [f"--force-path {printable(p)}: no change made on the host there" for p in
+            options.force_paths if not any(c == p or c.startswith(p + "/") for c in on_host)]
 
 
 def _raise_stop(plan: ShipPlan) -> None:
@@ -516,19 +529,28 @@ def ship_fleet(blueprint: Blueprint, hosts: list[Host], options: ShipOptions,
 
 
 def _run_phases(ships: list[HostShip], options: ShipOptions, parallel: int) -> None:
-    """open → lock (in name order) → plan → prepare → commit, or abort every host."""
+    """open → lock (in name order) → plan → prepare → commit, or abort every host.
+
+    Every reachable host is locked and planned even when another cannot be reached, so the
+    report names each host's own refusal (a hand-patch) rather than only "held back".
+    """
     try:
-        ok = _each(ships, HostShip.open, parallel)
-        if not ok and options.skip_unreachable and all(
-                s.result.status != "error" or s.result.step == "connect" for s in ships):
-            ok = any(s.result.status == "planning" for s in ships)
-        if ok:
-            for s in sorted(ships, key=lambda s: s.host.name):  # the fixed lock order
-                if _active(s) and not _guarded(s, HostShip.lock):
-                    _same_root(s, ships)
-                    ok = False
-                    break
-        ok = ok and _each(ships, HostShip.plan, parallel)
+        _each(ships, HostShip.open, parallel)
+        locked = True
+        for s in sorted(ships, key=lambda s: s.host.name):  # the fixed lock order
+            if _active(s) and not _guarded(s, HostShip.lock):
+                _same_root(s, ships)
+                locked = False
+                break
+        if locked:
+            _each([s for s in ships if s._phase == "locked"], HostShip.plan, parallel)
+
+        def blocks(s: HostShip) -> bool:
+            skipped = options.skip_unreachable and s.result.status == "error" and \
+                s.result.step == "connect"
+            return not _active(s) and not skipped
+
+        ok = locked and not any(blocks(s) for s in ships) and any(_active(s) for s in ships)
         ok = ok and _each(ships, HostShip.prepare, parallel)
         if ok:
             _each(ships, HostShip.commit, parallel)

@@ -148,8 +148,8 @@ def test_backport_refuses_templates_and_credentials_with_reasons(fleet):
     motd = items["runner/motd"]
     assert motd["action"] == "refused" and "runner/motd.j2" in motd["reason"]
     assert motd["diff"]["lines"] == [line.rstrip("\n") for line in difflib.unified_diff(
-        ["welcome to web1\n"], ["welcome, edited by hand\n"], fromfile="live/runner/motd",
-        tofile="desired/runner/motd", n=3)]
+        ["welcome to web1\n"], ["welcome, edited by hand\n"], fromfile="rendered/runner/motd",
+        tofile="live/runner/motd", n=3)]
     cred = items["credentials/w1/tok.env"]
     assert cred["action"] == "refused" and "tok" in cred["reason"] and "w1" in cred["reason"]
     assert "TOKEN=other" not in done.stdout
@@ -303,3 +303,57 @@ def test_a_host_that_sends_a_climbing_name_is_stopped(tmp_path):
     done = cli_text("backport", "evil", "--inventory", str(inv), "--blueprint", str(bp))
     assert done.returncode == 2 and "not a plain relative path" in done.stderr
     assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_what_a_trial_found(fleet, tmp_path):
+    """Defects a new user's trial found, each fixed: a name that is not UTF-8 in backport's
+    JSON, a relative symlink that climbs out, a formatting-only YAML change, a damaged record
+    of an old release, documents on failure, --force-path checks."""
+    inv, bp, root = fleet
+    # A hand-made file whose name is not UTF-8: JSON stays valid UTF-8, escaped and marked.
+    raw = os.path.join(os.fsencode(live(root, "runner")), b"caf\xe9.txt")
+    with open(raw, "wb") as fh:
+        fh.write(b"x\n")
+    os.symlink("../../../../../../etc/shadow", live(root, "runner/rel-link"))
+    done = cli_text("backport", "web1", "--inventory", str(inv), "--blueprint", str(bp),
+                    "--format", "json")
+    doc = json.loads(done.stdout.encode("utf-8"))
+    items = {i["path"]: i for i in doc["items"]}
+    assert items["runner/caf\\xe9.txt"]["path_escaped"] is True
+    assert items["runner/rel-link"]["action"] == "refused"
+    assert "leads out of the tree" in items["runner/rel-link"]["reason"]
+    assert not (bp / "runner" / "rel-link").is_symlink()
+    # A leading slash is not a path of the tree.
+    slash = cli_text("backport", "web1", "/runner/README", "--inventory", str(inv),
+                     "--blueprint", str(bp))
+    assert slash.returncode == 2 and "plain path" in slash.stderr
+    for bad in ("../x", "", "/etc"):
+        forced = cli_text("ship", "--yes", "--force-path", bad, "--inventory", str(inv),
+                          "--blueprint", str(bp))
+        assert forced.returncode == 2 and "--force-path" in forced.stderr, (bad, forced.stderr)
+    # A damaged record of an old release: listed with its problem, never rolled back to.
+    (bp / "runner" / "README").write_text("second\n")
+    git(bp, "add", "-A")
+    git(bp, "commit", "-q", "-m", "second")
+    assert ship(inv, bp, "--force").code == 0
+    old = sorted(p for p in (root / "releases").iterdir())[0].name
+    (root / ".fleetctl" / "releases" / f"{old}.json").write_text("{bad")
+    listed = json.loads(cli_text("releases", "web1", "--inventory", str(inv), "--format",
+                                 "json").stdout)
+    (entry,) = [r for r in listed["releases"] if r["id"] == old]
+    assert entry["problem"] and "cannot be used" in entry["problem"]
+    back = cli_text("rollback", "web1", "--to", old, "--inventory", str(inv), "--format",
+                    "json")
+    assert back.returncode == 2, back.stdout + back.stderr
+    failed = json.loads(back.stdout)
+    assert failed["exit_code"] == 2 and "cannot be verified" in failed["error"]
+    assert "Traceback" not in back.stderr and "JSONDecodeError:" not in back.stderr
+
+
+def test_a_formatting_only_change_is_shown_as_text():
+    from fleetctl.diffs import diff_contents
+
+    diff = diff_contents("a.json", b'{"a": 1, "b": [1, 2]}\n', b'{\n  "a": 1,\n  "b": [1, 2]\n}\n')
+    assert diff.kind == "text" and diff.lines and "written differently" in diff.note
+    changed = diff_contents("a.yaml", b"a: 1\n", b"a: 2\n")
+    assert changed.kind == "structured" and changed.lines == ("~ root['a']: 1 -> 2",)
