@@ -161,11 +161,7 @@ def plan_ship(host: "Host", state: "LiveState", desired: Manifest, changes: list
     no_op = not changes and state.shipped == desired and not accounts
     if found.stale and not options.force and not no_op:
         return ShipPlan(host.name, REFUSED, step="plan", reason=f"stale checkout: "
-                        f"{found.describe()}", hint=(
-                            "run `git fetch` and check out the commit the fleet runs (or a "
-                            "descendant)" if found.relation == "unknown" and found.source_commit
-                            else "update the checkout (git pull) and ship again; going back on "
-                            "purpose is a rollback; --force ships it anyway and records that"),
+                        f"{found.describe()}", hint=_stale_hint(found),
                         **common)
     if options.approved is not None and options.approved != common["digest"]:
         return ShipPlan(host.name, REFUSED, step="plan", reason="the host changed after the "
@@ -177,6 +173,16 @@ def plan_ship(host: "Host", state: "LiveState", desired: Manifest, changes: list
     return ShipPlan(host.name, READY, copies=tuple(sorted(copies.items())), sends=tuple(sends),
                     secrets=tuple(secret_plan(desired, state.live)),
                     forced_paths=tuple(sorted({c.path for c in changed_on_host})), **common)
+
+
+def _stale_hint(found: Ancestry) -> str:
+    if found.relation == "unknown" and found.source_commit is None:
+        return ("ship from the git checkout the fleet was shipped from; --force ships this "
+                "source anyway and records that")
+    if found.relation == "unknown":
+        return "run `git fetch` and check out the commit the fleet runs (or a descendant)"
+    return ("update the checkout (git pull) and ship again; going back on purpose is a "
+            "rollback; --force ships it anyway and records that")
 
 
 def identity_problem(host: "Host", state: "LiveState",

@@ -159,9 +159,11 @@ def source_refusal(source: SourceState, options: ShipOptions) -> ShipRefused | N
         return None
     shown = "; ".join(source.dirty[:8]) + (f"; and {len(source.dirty) - 8} more"
                                             if len(source.dirty) > 8 else "")
-    return ShipRefused(f"the source is not a clean commit: {shown}",
-                       hint="commit (or remove) these files and ship again; --allow-dirty ships "
-                       "the work tree as it is and records that in the release")
+    hint = ("put the blueprint under git and commit it, or ship with --allow-dirty (recorded "
+            "in the release)" if source.repo is None else "commit (or remove) these files and "
+            "ship again; --allow-dirty ships the work tree as it is and records that in the "
+            "release")
+    return ShipRefused(f"the source is not a clean commit: {shown}", hint=hint)
 
 
 SEND_CHUNK_BYTES = 1 << 18  # 256 KiB per write: bounded memory and steady flow control
