@@ -88,6 +88,9 @@ class HostResult:
         ancestry: how the source relates to ``commit`` (stale checkouts), when it was checked.
         identity: the name the host records as its own (``None``: not adopted yet).
         in_progress: the process holding the host's ship lock while drift scanned, if any.
+        unchecked: for drift, the grants whose secret was not available
+            (:class:`~fleetctl.credentials.UncheckedGrant`): their files were compared with
+            the shipped record alone.
     """
 
     host: str
@@ -112,6 +115,7 @@ class HostResult:
     ancestry: Ancestry | None = None
     identity: str | None = None
     in_progress: str | None = None
+    unchecked: list = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
