@@ -140,6 +140,9 @@ class HostCall:
     def __init__(self, transport: Transport, python: str, request: dict,
                  timeout_s: float | None) -> None:
         self.label = self._label = transport.label
+        #: What the transport noticed while connecting (a known_hosts line skipped); a scan
+        #: reports them among its warnings.
+        self.transport_warnings: list[str] = list(getattr(transport, "warnings", ()))
         self._timed_out = False
         if INTERRUPTED.is_set():
             raise HostError(f"{self.label}: interrupted; not started")
@@ -304,6 +307,7 @@ def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = 
             if event["shipped"]:
                 state.shipped = Manifest()
         elif kind == "scan-end":
+            state.warnings[:0] = [w for w in call.transport_warnings if w not in state.warnings]
             state.live = Manifest(live)
             if state.shipped is not None:
                 state.shipped = Manifest(shipped)

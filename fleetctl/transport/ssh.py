@@ -10,15 +10,22 @@ its input stream one byte per 10 ms as text (SSH-BOXES.md).
 
 from __future__ import annotations
 
+import logging
 import shlex
 import socket
 from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from fleetctl.errors import HostError, HostKeyError
 from fleetctl.transport.base import Channel, StderrTail, Transport
+
+# paramiko logs a failed handshake with a traceback through the ``paramiko`` logger; with no
+# handler anywhere, Python's last-resort handler would print it on stderr. fleetctl reports the
+# failure itself, per host, so those records go nowhere.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SshChannel(Channel):
@@ -60,13 +67,79 @@ class SshChannel(Channel):
         return self._stderr.text()
 
 
-def _strict_client(known_hosts: Path) -> paramiko.SSHClient:
-    """An SSH client that knows only ``known_hosts`` and rejects any other key."""
+def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, list[str]]:
+    """Read an OpenSSH known_hosts file line by line, as OpenSSH does: a line that cannot be
+    parsed is skipped (and reported) instead of spoiling the whole file.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``(keys, problems)``: the usable keys, and one ``"FILE:LINE: problem; line skipped"``
+        per line skipped (bad base64, an unknown key type, too few fields, a marker such as
+        ``@cert-authority``/``@revoked``, which fleetctl does not support).
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    keys = paramiko.HostKeys()
+    problems = []
+    with open(path, "rb") as fh:
+        data = fh.read()
+    for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        problem = None
+        entry = None
+        if line.startswith("@"):
+            problem = f"marker {line.split()[0]} is not supported by fleetctl"
+        else:
+            try:
+                entry = HostKeyEntry.from_line(line, lineno)
+            except (InvalidHostKey, paramiko.SSHException, ValueError, TypeError,
+                    IndexError) as exc:
+                problem = _key_problem(exc)
+            else:
+                if entry is None or entry.key is None:
+                    problem = ("not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY)"
+                               if entry is None else "unknown key type")
+        if problem is not None:
+            problems.append(f"{path}:{lineno}: {problem}; line skipped")
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+    return keys, problems
+
+
+def _key_problem(exc: BaseException) -> str:
+    if isinstance(exc, InvalidHostKey):
+        return f"malformed key ({exc.exc})"
+    return f"malformed line ({exc.__class__.__name__}: {exc})"
+
+
+def _strict_client(keys: paramiko.HostKeys) -> paramiko.SSHClient:
+    """An SSH client that knows only ``keys`` and rejects any other key."""
     client = paramiko.SSHClient()
-    if known_hosts.is_file():
-        client.load_host_keys(str(known_hosts))
+    for name in keys.keys():
+        for key_type, key in keys[name].items():
+            client.get_host_keys().add(name, key_type, key)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     return client
+
+
+def _unreadable_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (``"does not exist"``...), or ``None``."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        return "does not exist"
+    except IsADirectoryError:
+        return "is a directory, not a key file"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    return None
 
 
 class SshTransport(Transport):
@@ -81,15 +154,43 @@ class SshTransport(Transport):
         self.label = host.name
         self._host = host
         self._conn: Connection | None = None
+        #: What the connection noticed but worked around (a known_hosts line skipped).
+        self.warnings: list[str] = []
 
     def connect(self) -> None:
         """Open the connection.
 
         Raises:
-            HostKeyError: the host's key is not in known_hosts, or differs from it.
-            HostError: the host cannot be reached or refuses authentication.
+            HostKeyError: the host's key is not in known_hosts, or differs from it; the
+                known_hosts file does not exist or cannot be read.
+            HostError: the identity file is missing or unreadable, the port does not speak
+                SSH, the host cannot be reached or refuses authentication. Each message names
+                the host and the file or setting concerned.
         """
         host = self._host
+        known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
+            Path.home() / ".ssh" / "known_hosts")
+        setting = ("the inventory's known_hosts:" if host.known_hosts else
+                   "the default, as the inventory sets no known_hosts:")
+        try:
+            keys, skipped = load_known_hosts(known_hosts)
+        except FileNotFoundError:
+            raise HostKeyError(
+                f"{host.name}: known_hosts file {known_hosts} ({setting}) does not exist, so no "
+                "host key can be checked; refusing to connect",
+                hint="create it with the hosts' keys, each checked out of band "
+                "(ssh-keyscan -p PORT HOST), or set known_hosts: for this host") from None
+        except OSError as exc:
+            raise HostKeyError(f"{host.name}: known_hosts file {known_hosts} ({setting}) cannot "
+                               f"be read: {exc.strerror or exc}; refusing to connect") from None
+        self.warnings = list(skipped)
+        if host.identity_file:
+            problem = _unreadable_file(Path(host.identity_file))
+            if problem:
+                raise HostError(f"{host.name}: identity_file {host.identity_file} (the "
+                                f"inventory's identity_file:) {problem}",
+                                hint="fix identity_file: for this host or under defaults: (a "
+                                "relative path is taken from the inventory's directory)")
         connect_kwargs: dict = {}
         if host.timeout_s:
             # As floats through paramiko itself: fabric's connect_timeout is int()ed, so a
@@ -107,13 +208,11 @@ class SshTransport(Transport):
         )
         if host.timeout_s:
             conn.connect_timeout = None  # ours is in connect_kwargs; fabric refuses both
-        known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
-            Path.home() / ".ssh" / "known_hosts")
         # Fresh clients, for the host and every ProxyJump hop: fabric's own are set to
         # AutoAddPolicy, which trusts any key.
         hop = conn
         while isinstance(hop, Connection):
-            hop.client = _strict_client(known_hosts)
+            hop.client = _strict_client(keys)
             hop = hop.gateway
         where = f"{conn.user}@{conn.host}:{conn.port}"
         try:
@@ -127,16 +226,27 @@ class SshTransport(Transport):
             ) from None
         except paramiko.SSHException as exc:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
+                also = (f" ({len(skipped)} line(s) of it were skipped as malformed: "
+                        f"{'; '.join(skipped[:3])})" if skipped else "")
                 raise HostKeyError(
-                    f"{host.name}: {where} is not in {known_hosts}; refusing to connect to an "
-                    "unknown host",
+                    f"{host.name}: {where} is not in {known_hosts}{also}; refusing to connect "
+                    "to an unknown host",
                     hint="add its key to known_hosts after checking its fingerprint "
-                    "(ssh-keyscan -p PORT HOST, then compare out of band)",
+                    "(ssh-keyscan -p PORT HOST, then compare out of band)"
+                    + ("; fix or remove the malformed line(s)" if skipped else ""),
                 ) from None
+            if "protocol banner" in str(exc):
+                raise HostError(
+                    f"{host.name}: {conn.host}:{conn.port} does not speak SSH (no SSH protocol "
+                    "banner came back); check the address and port: settings of this host",
+                    hint="an SSH server answers with a line starting 'SSH-2.0-'; try "
+                    f"`ssh -p {conn.port} {conn.host}` to see what listens there") from None
             raise HostError(f"{host.name}: SSH to {where} failed: {exc}") from None
         except (OSError, EOFError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
                 str(exc) or exc.__class__.__name__)
+            if isinstance(exc, OSError) and exc.filename:  # a key file from ~/.ssh/config
+                raise HostError(f"{host.name}: cannot read {exc.filename}: {reason}") from None
             raise HostError(f"{host.name}: cannot reach {where}: {reason}") from None
         self._conn = conn
 
