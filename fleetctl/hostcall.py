@@ -143,6 +143,7 @@ class HostCall:
         #: What the transport noticed while connecting (a known_hosts line skipped); a scan
         #: reports them among its warnings.
         self.transport_warnings: list[str] = list(getattr(transport, "warnings", ()))
+        self._transport = transport
         self._timed_out = False
         if INTERRUPTED.is_set():
             raise HostError(f"{self.label}: interrupted; not started")
@@ -225,6 +226,9 @@ class HostCall:
             return HostError(f"{self._label}: timed out; the operation was ended")
         self._chan.kill()
         tail = self._chan.stderr_tail().strip()
+        explained = self._transport.explain(tail)  # e.g. sudo refused (become: sudo)
+        if explained is not None:
+            return explained
         detail = f": {tail.splitlines()[-1]}" if tail else ""
         return HostError(f"{self._label}: the host-side program failed ({why}){detail}")
 

@@ -21,6 +21,7 @@ from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from fleetctl.errors import HostError, HostKeyError
 from fleetctl.transport.base import Channel, StderrTail, Transport
+from fleetctl.transport.become import become_argv, sudo_refusal, sudoers_entry
 
 # paramiko logs a failed handshake with a traceback through the ``paramiko`` logger; with no
 # handler anywhere, Python's last-resort handler would print it on stderr. fleetctl reports the
@@ -154,6 +155,7 @@ class SshTransport(Transport):
         self.label = host.name
         self._host = host
         self._conn: Connection | None = None
+        self._argv: list[str] | None = None
         #: What the connection noticed but worked around (a known_hosts line skipped).
         self.warnings: list[str] = []
 
@@ -251,8 +253,15 @@ class SshTransport(Transport):
         self._conn = conn
 
     def start(self, argv: list[str]) -> Channel:
+        """Start ``argv`` on the host (behind ``sudo -n --`` for ``become: sudo``).
+
+        Raises:
+            HostError: not connected, or the session could not be opened.
+        """
         if self._conn is None:
             raise HostError(f"{self.label}: not connected")
+        self._argv = list(argv)
+        argv = become_argv(argv, getattr(self._host, "become", None))
         try:
             chan = self._conn.client.get_transport().open_session(timeout=self._host.timeout_s)
             # The remote side always runs a command line through the login user's shell;
@@ -261,6 +270,24 @@ class SshTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(f"{self.label}: cannot start a command: {exc}") from None
         return SshChannel(chan, self._host.timeout_s)
+
+    def explain(self, stderr_tail: str) -> HostError | None:
+        """The error for a ``become: sudo`` host whose sudo refused: it names the host, the
+        login, what sudo said and the exact sudoers entry the login needs."""
+        host = self._host
+        if getattr(host, "become", None) != "sudo" or self._argv is None:
+            return None
+        refused = sudo_refusal(stderr_tail)
+        if refused is None:
+            return None
+        login = (self._conn.user if self._conn is not None else host.user) or "LOGIN"
+        where = f"{login}@{host.address}{':' + str(host.port) if host.port else ''}"
+        return HostError(
+            f"{host.name}: become: sudo: `sudo -n` on {where} refused to run fleetctl's "
+            f"host-side program as root ({refused}); nothing was written",
+            hint=f"let {login} run exactly this command as root without a password, e.g. in "
+            f"/etc/sudoers.d/fleetctl on the host (edit with visudo -f): "
+            f"{sudoers_entry(login, self._argv)}")
 
     def close(self) -> None:
         if self._conn is not None:
