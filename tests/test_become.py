@@ -197,3 +197,10 @@ def test_a_host_may_opt_out_of_the_defaults_become(tmp_path):
     a, b = load_inventory(inv).hosts
     assert (a.become, a.python) == ("sudo", "/usr/bin/python3")
     assert (b.become, b.python) == (None, "python3")
+
+
+def test_the_documented_sudoers_entry_is_the_one_that_works():
+    """docs/inventory.md gives the same line the NOPASSWD test above installs (for ``deploy``),
+    so the documented entry is the tested one."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "inventory.md").read_text()
+    assert f"\ndeploy ALL=(root) NOPASSWD: /usr/bin/python3 {sudoers_args()}\n" in docs
