@@ -322,9 +322,8 @@ def load_inventory(path: Path, roles: set[str] | None = None,
         become = None if become in (None, "none") else become
         python = pick("python") or ("/usr/bin/python3" if become == "sudo" else "python3")
         if become == "sudo" and not python.startswith("/"):
-            key = "python" if h.python is not None else None
-            raise input_error(path, node, ["hosts", name, "python"] if key else
-                              ["defaults", "python"], f"with become: sudo, python must be an "
+            where = ["hosts", name, "python"] if h.python is not None else ["defaults", "python"]
+            raise input_error(path, node, where, f"with become: sudo, python must be an "
                               f"absolute path (got {python!r}): the sudoers entry names the "
                               "exact program sudo runs", hint="e.g. python: /usr/bin/python3")
         identity = pick("identity_file")

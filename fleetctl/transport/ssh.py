@@ -98,13 +98,14 @@ def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, list[str]]:
         else:
             try:
                 entry = HostKeyEntry.from_line(line, lineno)
-            except (InvalidHostKey, paramiko.SSHException, ValueError, TypeError,
-                    IndexError) as exc:
-                problem = _key_problem(exc)
+            except Exception as exc:  # noqa: BLE001 - any line paramiko cannot parse is
+                problem = _key_problem(exc)  # skipped, as OpenSSH does; never the whole file
             else:
                 if entry is None or entry.key is None:
-                    problem = ("not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY)"
-                               if entry is None else "unknown key type")
+                    fields = line.split()
+                    problem = (f"unknown or unsupported key type {fields[1]!r}"
+                               if len(fields) >= 3 else
+                               "not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY)")
         if problem is not None:
             problems.append(f"{path}:{lineno}: {problem}; line skipped")
             continue
