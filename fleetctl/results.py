@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
 from fleetctl.hostcall import Unreadable
 from fleetctl.source import Ancestry
+
+if TYPE_CHECKING:
+    from fleetctl.credentials import UncheckedGrant
 
 # status -> exit code (DESIGN.md §4)
 STATUS_EXIT = {
@@ -115,7 +118,7 @@ class HostResult:
     ancestry: Ancestry | None = None
     identity: str | None = None
     in_progress: str | None = None
-    unchecked: list = field(default_factory=list)
+    unchecked: list["UncheckedGrant"] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
