@@ -204,3 +204,22 @@ def test_the_documented_sudoers_entry_is_the_one_that_works():
     so the documented entry is the tested one."""
     docs = (Path(__file__).resolve().parents[1] / "docs" / "inventory.md").read_text()
     assert f"\ndeploy ALL=(root) NOPASSWD: /usr/bin/python3 {sudoers_args()}\n" in docs
+
+
+def test_a_local_host_runs_through_sudo_too(tmp_path):
+    """``transport: local`` with ``become: sudo`` starts the host-side program through sudo as
+    well: a wrapper named as ``python`` records the ``SUDO_COMMAND`` sudo sets, and the ship
+    goes through (root may run anything through sudo)."""
+    bp = make_project(tmp_path, {"runner": {"run.sh": "x\n"}})
+    marker = tmp_path / "sudo-command"
+    wrapper = tmp_path / "py"
+    wrapper.write_text(f'#!/bin/sh\necho "$SUDO_USER $SUDO_COMMAND" > {marker}\n'
+                       'exec /usr/bin/python3 "$@"\n')
+    wrapper.chmod(0o755)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": {
+        "transport": "local", "root": str(tmp_path / "box"), "become": "sudo",
+        "python": str(wrapper), "agents": {"w1": {"role": "worker"}}}})
+    run = cli("ship", "--yes", inventory=inv, blueprint=bp)
+    assert run.code == 0, run.stdout + run.stderr
+    assert marker.read_text().startswith(f"root {wrapper} -c import sys;")
+    assert (tmp_path / "box" / "current" / "runner" / "run.sh").read_text() == "x\n"
