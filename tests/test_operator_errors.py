@@ -185,3 +185,22 @@ def test_hashed_known_hosts_lines_still_work_beside_a_bad_one(tmp_path, sshd_poo
     assert run.code == 1, run.stdout + run.stderr
     assert run.host("web1")["warnings"] == [
         f"{known}:2: not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY); line skipped"]
+
+
+def test_a_missing_key_file_named_by_the_ssh_config_is_named(tmp_path, sshd_pool,
+                                                             ssh_known_hosts, ssh_client_key,
+                                                             isolated_user):
+    """No identity_file in the inventory, but ~/.ssh/config names an IdentityFile that does not
+    exist: the error names the host and that file (before: no file named)."""
+    bp = make_project(tmp_path, BLUEPRINT)
+    missing = tmp_path / "keys" / "id_from_config"
+    (isolated_user / ".ssh").mkdir(exist_ok=True)
+    (isolated_user / ".ssh" / "config").write_text(
+        f"Host 127.0.0.1\n  IdentityFile {missing}\n  IdentitiesOnly yes\n")
+    spec = ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, tmp_path / "r1")
+    del spec["identity_file"]
+    inv = write_inventory(tmp_path / "inv.yaml", {"web1": spec})
+    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2, run.stdout + run.stderr
+    error = run.host("web1")["error"]
+    assert error.startswith("web1: ") and str(missing) in error, error

@@ -249,7 +249,9 @@ class SshTransport(Transport):
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
                 str(exc) or exc.__class__.__name__)
             if isinstance(exc, OSError) and exc.filename:  # a key file from ~/.ssh/config
-                raise HostError(f"{host.name}: cannot read {exc.filename}: {reason}") from None
+                raise HostError(f"{host.name}: cannot read {exc.filename}: {reason}",
+                                hint="check IdentityFile in ~/.ssh/config (and identity_file: "
+                                "in the inventory)") from None
             raise HostError(f"{host.name}: cannot reach {where}: {reason}") from None
         self._conn = conn
 
