@@ -223,3 +223,16 @@ def test_a_local_host_runs_through_sudo_too(tmp_path):
     assert run.code == 0, run.stdout + run.stderr
     assert marker.read_text().startswith(f"root {wrapper} -c import sys;")
     assert (tmp_path / "box" / "current" / "runner" / "run.sh").read_text() == "x\n"
+
+
+def test_a_missing_secret_stops_the_ship_before_any_login(setup, deploy, sudoers, monkeypatch):
+    """Ship needs every secret it writes: with BECOME_TOK unset it names the grant, agent and
+    source kind and stops before it even logs in (sshd saw no login at all), exit 2."""
+    inv, bp, root, _agent_user, _value, box = setup
+    sudoers(f"{deploy} ALL=(root) NOPASSWD: /usr/bin/python3 {sudoers_args()}")
+    monkeypatch.delenv("BECOME_TOK")
+    run = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2, run.stdout + run.stderr
+    error = run.host("web1")["error"]
+    assert "grant tok of agent w1" in error and "environment variable BECOME_TOK" in error
+    assert logins(box) == [] and not root.exists()
