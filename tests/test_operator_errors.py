@@ -204,3 +204,28 @@ def test_a_missing_key_file_named_by_the_ssh_config_is_named(tmp_path, sshd_pool
     assert run.code == 2, run.stdout + run.stderr
     error = run.host("web1")["error"]
     assert error.startswith("web1: ") and str(missing) in error, error
+
+
+def test_a_revoked_key_is_refused_even_where_another_line_lists_it(tmp_path, sshd_pool,
+                                                                   ssh_client_key):
+    """``@revoked`` is honoured as OpenSSH does: box0's key listed for it on line 1 and marked
+    ``@revoked`` on line 2 stops web1 with an error naming the revoking line; box1 (listed,
+    not revoked) works; a ``@cert-authority`` line is skipped with a warning. (Before: the
+    marker lines made every host an internal error.)"""
+    bp = make_project(tmp_path, BLUEPRINT)
+    key0 = sshd_pool[0].host_key_pub
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{sshd_pool[0].known_hosts_line()}\n@revoked * {key0}\n"
+                     f"{sshd_pool[1].known_hosts_line()}\n@cert-authority *.example {key0}\n")
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "web1": ssh_host(sshd_pool[0], ssh_client_key, known, tmp_path / "r1"),
+        "web2": ssh_host(sshd_pool[1], ssh_client_key, known, tmp_path / "r2")})
+    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2, run.stdout + run.stderr
+    web1, web2 = run.host("web1"), run.host("web2")
+    assert web1["status"] == "error"
+    assert f"is marked @revoked in {known}:2; refusing to connect" in web1["error"], web1
+    assert web2["status"] == "drift"
+    assert web2["warnings"] == [
+        f"{known}:4: marker @cert-authority is not supported by fleetctl; line skipped"]
+    assert not (tmp_path / "r1").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -68,33 +69,54 @@ class SshChannel(Channel):
         return self._stderr.text()
 
 
-def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, list[str]]:
+@dataclass
+class KnownHosts:
+    """What fleetctl takes from one known_hosts file.
+
+    Attributes:
+        keys: the usable host keys (hashed host names kept as they are).
+        problems: one ``"FILE:LINE: problem; line skipped"`` per line skipped.
+        revoked: ``(key type, base64)`` → ``"FILE:LINE"`` of each key marked ``@revoked``: such
+            a key is never trusted, for any host, even where another line lists it.
+    """
+
+    keys: paramiko.HostKeys
+    problems: list[str] = field(default_factory=list)
+    revoked: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+def load_known_hosts(path: Path) -> KnownHosts:
     """Read an OpenSSH known_hosts file line by line, as OpenSSH does: a line that cannot be
     parsed is skipped (and reported) instead of spoiling the whole file.
+
+    ``@revoked`` lines are honoured (their keys are refused); ``@cert-authority`` lines are not
+    supported and are skipped like a malformed line.
 
     Args:
         path: the file.
 
     Returns:
-        ``(keys, problems)``: the usable keys, and one ``"FILE:LINE: problem; line skipped"``
-        per line skipped (bad base64, an unknown key type, too few fields, a marker such as
-        ``@cert-authority``/``@revoked``, which fleetctl does not support).
+        The keys, the lines skipped (bad base64, an unknown key type, too few fields, an
+        unsupported marker) and the revoked keys.
 
     Raises:
         OSError: the file cannot be opened or read.
     """
-    keys = paramiko.HostKeys()
-    problems = []
+    found = KnownHosts(paramiko.HostKeys())
     with open(path, "rb") as fh:
         data = fh.read()
     for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+            line = line.strip()
         problem = None
         entry = None
-        if line.startswith("@"):
-            problem = f"marker {line.split()[0]} is not supported by fleetctl"
+        if marker not in (None, "@revoked"):
+            problem = f"marker {marker} is not supported by fleetctl"
         else:
             try:
                 entry = HostKeyEntry.from_line(line, lineno)
@@ -107,11 +129,14 @@ def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, list[str]]:
                                if len(fields) >= 3 else
                                "not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY)")
         if problem is not None:
-            problems.append(f"{path}:{lineno}: {problem}; line skipped")
+            found.problems.append(f"{path}:{lineno}: {problem}; line skipped")
+            continue
+        if marker == "@revoked":
+            found.revoked[(entry.key.get_name(), entry.key.get_base64())] = f"{path}:{lineno}"
             continue
         for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
-    return keys, problems
+            found.keys.add(name, entry.key.get_name(), entry.key)
+    return found
 
 
 def _key_problem(exc: BaseException) -> str:
@@ -120,13 +145,37 @@ def _key_problem(exc: BaseException) -> str:
     return f"malformed line ({exc.__class__.__name__}: {exc})"
 
 
-def _strict_client(keys: paramiko.HostKeys) -> paramiko.SSHClient:
-    """An SSH client that knows only ``keys`` and rejects any other key."""
+class RevokedHostKey(paramiko.SSHException):
+    """The host offered a key that known_hosts marks ``@revoked`` (``where`` is FILE:LINE)."""
+
+    def __init__(self, key: paramiko.PKey, where: str) -> None:
+        super().__init__(f"host key {key.get_name()} {key.fingerprint} is revoked ({where})")
+        self.key, self.where = key, where
+
+
+class _RejectPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse every key known_hosts does not list, naming a revoked one as such."""
+
+    def __init__(self, revoked: dict[tuple[str, str], str]) -> None:
+        self._revoked = revoked
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        where = self._revoked.get((key.get_name(), key.get_base64()))
+        if where is not None:
+            raise RevokedHostKey(key, where)
+        raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
+
+
+def _strict_client(known: KnownHosts) -> paramiko.SSHClient:
+    """An SSH client that knows only ``known``'s keys, none of them revoked, and rejects any
+    other key."""
     client = paramiko.SSHClient()
-    for name in keys.keys():
-        for key_type, key in keys[name].items():
-            client.get_host_keys().add(name, key_type, key)
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    for name in known.keys.keys():
+        for key_type, key in known.keys[name].items():
+            if (key_type, key.get_base64()) not in known.revoked:
+                client.get_host_keys().add(name, key_type, key)
+    client.set_missing_host_key_policy(_RejectPolicy(known.revoked))
     return client
 
 
@@ -176,7 +225,7 @@ class SshTransport(Transport):
         setting = ("the inventory's known_hosts:" if host.known_hosts else
                    "the default, as the inventory sets no known_hosts:")
         try:
-            keys, skipped = load_known_hosts(known_hosts)
+            known = load_known_hosts(known_hosts)
         except FileNotFoundError:
             raise HostKeyError(
                 f"{host.name}: known_hosts file {known_hosts} ({setting}) does not exist, so no "
@@ -186,6 +235,7 @@ class SshTransport(Transport):
         except OSError as exc:
             raise HostKeyError(f"{host.name}: known_hosts file {known_hosts} ({setting}) cannot "
                                f"be read: {exc.strerror or exc}; refusing to connect") from None
+        skipped = known.problems
         self.warnings = list(skipped)
         if host.identity_file:
             problem = _unreadable_file(Path(host.identity_file))
@@ -215,7 +265,7 @@ class SshTransport(Transport):
         # AutoAddPolicy, which trusts any key.
         hop = conn
         while isinstance(hop, Connection):
-            hop.client = _strict_client(keys)
+            hop.client = _strict_client(known)
             hop = hop.gateway
         where = f"{conn.user}@{conn.host}:{conn.port}"
         try:
@@ -227,6 +277,11 @@ class SshTransport(Transport):
                 hint="if the host was rebuilt, verify the new key out of band and update "
                 "known_hosts",
             ) from None
+        except RevokedHostKey as exc:
+            raise HostKeyError(
+                f"{host.name}: the host key of {where} ({exc.key.get_name()} "
+                f"{exc.key.fingerprint}) is marked @revoked in {exc.where}; refusing to connect",
+                hint="the key was revoked on purpose: check the host out of band") from None
         except paramiko.SSHException as exc:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
                 also = (f" ({len(skipped)} line(s) of it were skipped as malformed: "
