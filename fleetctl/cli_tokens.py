@@ -92,7 +92,7 @@ def tokens_command(
                 raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
         from fleetctl.tokens.audit import TokensOptions, audit_tokens
 
-        project = find_project()
+        project = find_project(inventory)
         if live:  # the ledgers on the hosts, not the prefix built here
             from fleetctl.tokens.live import live_tokens
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
-# openssh-server (the test suite starts real sshd boxes on 127.0.0.1) and git.
+# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, and sudo (the
+# `become: sudo` tests log in as a non-root user whose sudoers entry they write).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ if [ "${1:-}" = "--test" ]; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v git >/dev/null || need+=(git)
   command -v ssh-keygen >/dev/null || need+=(openssh-client)
+  [ -x /usr/bin/sudo ] || need+=(sudo)
   if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
       echo "setup: the tests need ${need[*]} (Debian packages) and run as root" >&2
