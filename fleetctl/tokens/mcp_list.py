@@ -292,7 +292,8 @@ def list_servers(servers: Mapping[str, McpServerDecl], base: Path) -> dict[str, 
         status other than ``ok`` and no tools.
     """
     out: dict[str, ServerListing] = {}
-    stdio = {n: d for n, d in servers.items() if d.command is not None}
+    # A server with both a command and a snapshot is audited from its snapshot (offline).
+    stdio = {n: d for n, d in servers.items() if d.command is not None and d.snapshot is None}
     for name, decl in servers.items():
         if decl.snapshot is not None:
             out[name] = read_snapshot(name, base / decl.snapshot)
