@@ -32,6 +32,7 @@ from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, JsonFi
                                       O200kCounter, anthropic_client)
 from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
                                      mcp_servers)
+from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
 from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
                                      measure_claude, measure_offline)
@@ -54,6 +55,9 @@ class TokensOptions:
         counter: ``o200k`` (default: offline, exact for o200k_base) or ``claude-api`` (Claude's
             ``count_tokens``, needs an API key or ``claude_client``).
         compare_mcp: also measure each role with its MCP servers behind the bridge CLI.
+        compare_default: also measure each role as its harness runs by default: every
+            built-in tool (the default set's profile) and every MCP server mounted (``via:
+            mcp``), the "before" of stripping and bridging.
         baseline: a previous JSON report to compare with, or ``None``.
         max_growth_pct: growth of an agent's prefix over the baseline that is a finding;
             default 5 (percent).
@@ -68,6 +72,7 @@ class TokensOptions:
     agents: tuple[str, ...] = ()
     counter: str = "o200k"
     compare_mcp: bool = False
+    compare_default: bool = False
     baseline: Path | None = None
     max_growth_pct: float = 5.0
     claude_client: Any = None
@@ -151,6 +156,13 @@ class AgentReport:
         findings: what is over, or failed.
         warnings: what the reader should know but is not a finding.
         compare: the bridge comparison, when asked for.
+        harness: the harness's part (``name``, ``version``, ``toolset``, ``profile``,
+            ``total_tokens``, ``default_total_tokens``, ``saving_tokens``...), or ``None``
+            when the role runs no known harness.
+        harness_missing: why the harness's part is not counted (no profile, unknown harness),
+            which makes the totals a lower bound; ``None`` when it is counted or not needed.
+        compare_default: before (the harness's default tool set, every MCP server mounted)
+            and after (as declared), when ``--compare default`` asked for it.
     """
 
     agent: str
@@ -167,11 +179,15 @@ class AgentReport:
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     compare: Comparison | None = None
+    harness: dict[str, Any] | None = None
+    harness_missing: str | None = None
+    compare_default: Any = None
 
     @property
     def status(self) -> str:
-        """``incomplete`` (a server not measured), ``over`` (a finding) or ``ok``."""
-        if any(not s.measured for s in self.servers):
+        """``incomplete`` (a server not measured, or the harness's part unknown: a lower
+        bound), ``over`` (a finding) or ``ok``."""
+        if any(not s.measured for s in self.servers) or self.harness_missing:
             return "incomplete"
         return "over" if self.findings else "ok"
 
@@ -368,7 +384,10 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     used_roles = list(dict.fromkeys(a.role for _, a in selected))
     decls: dict[str, McpServerDecl] = {}
     for role_name in used_roles:
-        for decl in mcp_servers(roles[role_name].mcp_servers).values():
+        # --compare default mounts every server, the bridged ones too: list them as well.
+        wanted = roles[role_name].mcp_servers if options.compare_default \
+            else mcp_servers(roles[role_name].mcp_servers)
+        for decl in wanted.values():
             decls.setdefault(_decl_key(decl), decl)
     listed = list_servers(decls, blueprint)
 
@@ -380,26 +399,33 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             api[chosen] = ClaudeCountTokens(client, chosen, cache)
         return measure_claude(prefix, api[chosen], counter, prefix_module)
 
-    per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None]] = {}
+    per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None,
+                              RoleHarness, Any]] = {}
     for role_name in used_roles:
         role = roles[role_name]
         listings = tuple(_renamed(listed[_decl_key(d)], name)
                          for name, d in mcp_servers(role.mcp_servers).items())
         servers = [prefix_module.McpServerTools(s.name, s.tools, s.instructions)
                    for s in listings if s.measured]
+        harness = role_harness_part(blueprint, role)
         try:
             prefix = prefix_module.build_prefix(
-                role.prompt, role.skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
+                role.prompt, role.skills, skills_dir,
+                shell_tool=None if harness.kind is not None else prefix_module.SHELL_TOOL,
                 mcp_servers=servers, bridged_servers=bridged_servers(role.mcp_servers),
                 model=role.model)
         except prefix_module.PrefixError as exc:
             raise InputError(f"role {role_name}: {exc}") from None
-        measurement = measure(prefix, role.model)
+        measurement = harness.add(measure(prefix, role.model), prefix_module, role.model)
         comparison = None
         if options.compare_mcp and role.mcp_servers:
             comparison = _compare(prefix_module, role, skills_dir, measurement, listings,
-                                  measure)
-        per_role[role_name] = (measurement, listings, comparison)
+                                  measure, harness)
+        before = None
+        if options.compare_default:
+            before = _compare_default(prefix_module, role, skills_dir, listed, measure,
+                                      harness, measurement, listings)
+        per_role[role_name] = (measurement, listings, comparison, harness, before)
 
     counter_info: dict[str, Any] = {"name": counter.name, "exact": True, **counter.provenance()}
     if options.counter == "claude-api":
@@ -417,13 +443,19 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     agents = []
     for host, agent in selected:
         role = roles[agent.role]
-        measurement, listings, comparison = per_role[agent.role]
+        measurement, listings, comparison, harness, before = per_role[agent.role]
         report = AgentReport(
             agent=agent.name, host=host, role=agent.role, model=role.model,
             measurement=measurement, window=context_window(role.model),
             budget_tokens=role.budget_tokens, max_tool_tokens=role.max_tool_tokens,
             max_tools=role.max_tools, servers=listings,
-            bridged=tuple(bridged_servers(role.mcp_servers)), compare=comparison)
+            bridged=tuple(bridged_servers(role.mcp_servers)), compare=comparison,
+            harness=harness.info(), harness_missing=harness.missing, compare_default=before)
+        if harness.missing:
+            report.findings.append(Finding("harness", harness.missing, harness.name))
+            report.warnings.append("lower bound: the harness's own part (system prompt, "
+                                   "built-in tools, reminders) is not counted")
+        report.warnings.extend(harness.warnings)
         for s in listings:
             if not s.measured:
                 report.findings.append(Finding(
@@ -459,18 +491,22 @@ def _renamed(listing: ServerListing, name: str) -> ServerListing:
 
 
 def _compare(prefix_module: Any, role: Role, skills_dir: Path, declared: Measurement,
-             listings: tuple[ServerListing, ...], measure: Any) -> Comparison:
+             listings: tuple[ServerListing, ...], measure: Any,
+             harness: RoleHarness | None = None) -> Comparison:
     bridge_skill = prefix_module.BRIDGE_SKILL
     skills = list(role.skills) + ([bridge_skill] if bridge_skill not in role.skills else [])
     servers = tuple(role.mcp_servers)
     try:
         prefix = prefix_module.build_prefix(
-            role.prompt, skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
-            bridged_servers=servers, model=role.model)
+            role.prompt, skills, skills_dir,
+            shell_tool=None if harness is not None and harness.kind is not None
+            else prefix_module.SHELL_TOOL, bridged_servers=servers, model=role.model)
     except prefix_module.PrefixError as exc:
         raise InputError(f"--compare mcp: {exc}",
                          hint=f"the blueprint needs skills/{bridge_skill}/") from None
     bridge = measure(prefix, role.model)
+    if harness is not None:
+        bridge = harness.add(bridge, prefix_module, role.model)
     complete = all(s.measured for s in listings)
     indexes = ("skills_index", "cli_index")
     added = bridge.tokens_of(indexes) - declared.tokens_of(indexes)
@@ -481,3 +517,85 @@ def _compare(prefix_module: Any, role: Role, skills_dir: Path, declared: Measure
         saving_tokens=declared.total_tokens - bridge.total_tokens if complete else None,
         tool_tokens_declared=declared.tokens_of(TOOL_PARTS) if complete else None,
         tool_tokens_bridge=bridge_tools)
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultComparison:
+    """A role as its harness runs by default (before) versus as declared (after).
+
+    Before: the harness's default tool set (its profile), every MCP server of the role mounted
+    (``via: mcp``: every tool's definition in the prefix), no ``mcp-bridge`` skill. After: the
+    role as declared (its ``tools:``, its ``via``).
+
+    Attributes:
+        before: the measurement before, or ``None`` when it cannot be made (``reason``).
+        after: the measurement as declared.
+        tool_tokens_before: always-on tool-definition tokens before (:data:`TOOL_PARTS`).
+        tool_tokens_after: the same after, plus what the bridge adds to the skills and CLI
+            indexes.
+        reason: why there is no ``before`` (no default profile, a server not listed).
+    """
+
+    before: Measurement | None
+    after: Measurement
+    tool_tokens_before: int | None
+    tool_tokens_after: int
+    reason: str = ""
+
+    @property
+    def tool_cut_pct(self) -> float | None:
+        """The cut of tool-definition tokens, in percent of before."""
+        if not self.tool_tokens_before:
+            return None
+        return 100.0 * (self.tool_tokens_before - self.tool_tokens_after) \
+            / self.tool_tokens_before
+
+    @property
+    def prefix_cut_pct(self) -> float | None:
+        """The cut of the whole prefix, in percent of before."""
+        if self.before is None or not self.before.total_tokens:
+            return None
+        return 100.0 * (self.before.total_tokens - self.after.total_tokens) \
+            / self.before.total_tokens
+
+
+def _compare_default(prefix_module: Any, role: Role, skills_dir: Path,
+                     listed: dict[str, ServerListing], measure: Any, harness: RoleHarness,
+                     after: Measurement, listings: tuple[ServerListing, ...]
+                     ) -> DefaultComparison:
+    bridge_skill = prefix_module.BRIDGE_SKILL
+    indexes = ("skills_index", "cli_index")
+
+    def result(before: Measurement | None, reason: str = "") -> DefaultComparison:
+        added = 0
+        if before is not None:
+            added = max(0, after.tokens_of(indexes) - before.tokens_of(indexes)) \
+                if bridged_servers(role.mcp_servers) else 0
+        return DefaultComparison(before, after,
+                                 before.tokens_of(TOOL_PARTS) if before is not None else None,
+                                 after.tokens_of(TOOL_PARTS) + added, reason)
+
+    if harness.kind is None:
+        return result(None, "the role runs no harness fleetctl can profile")
+    if harness.default_profile is None:
+        return result(None, f"no profile of {harness.name}'s default tool set in "
+                            "harnesses/: run fleetctl tokens --probe")
+    if any(not s.measured for s in listings):
+        return result(None, "an MCP server could not be listed")
+    every = [_renamed(listed[_decl_key(d)], name) for name, d in role.mcp_servers.items()]
+    failed = [s.name for s in every if not s.measured]
+    if failed:
+        return result(None, f"MCP server {', '.join(failed)} could not be listed")
+    skills = list(role.skills)
+    if bridged_servers(role.mcp_servers) and bridge_skill in skills:
+        skills.remove(bridge_skill)  # before bridging, the role had no use for the bridge
+    try:
+        prefix = prefix_module.build_prefix(
+            role.prompt, skills, skills_dir, shell_tool=None,
+            mcp_servers=[prefix_module.McpServerTools(s.name, s.tools, s.instructions)
+                         for s in every], model=role.model)
+    except prefix_module.PrefixError as exc:
+        raise InputError(f"--compare default: {exc}") from None
+    before = harness.add(measure(prefix, role.model), prefix_module, role.model,
+                         harness.default_profile)
+    return result(before)

@@ -282,3 +282,59 @@ def find_profile(blueprint: Path, harness: str, toolset: str, version: str | Non
     if not candidates:
         return None
     return read_profile(max(candidates)[1])
+
+
+HARNESS_ORDER = ("harness_system_prompt", "role_prompt", "skills_index", "cli_index",
+                 "mcp_instructions", "harness_tools", "shell_tool", "mcp_tools",
+                 "tool_use_system_prompt", "harness_reminders", "joins")
+"""Components in report order once the harness's part is in (``harness_*`` from its profile)."""
+
+
+def with_harness(measurement: Any, profile: Profile, tool_use_tokens: int | None) -> Any:
+    """A measurement of the runner's prefix with the harness's part added from its profile.
+
+    The harness's system prompt, built-in tools and first-message reminders become the rows
+    ``harness_system_prompt``, ``harness_tools`` and ``harness_reminders`` (method ``profile``),
+    each built-in tool a tool of its own (its own count as its marginal cost); the total grows by
+    the profile's total. When the runner's prefix had no tool but the harness has some, the
+    fixed tool-use prompt (``tool_use_tokens``, from the per-model table) comes in too.
+
+    Args:
+        measurement: a :class:`fleetctl.tokens.measure.Measurement` of the runner's prefix,
+            built without the runner's own shell tool (the harness's tools replace it).
+        profile: the harness profile.
+        tool_use_tokens: the tool-use prompt's tokens for the role's model (``None``: unknown).
+    """
+    from dataclasses import replace
+
+    from fleetctl.tokens.counters import CLAUDE_ESTIMATE
+    from fleetctl.tokens.measure import Component, ToolCost
+
+    where = profile.path.name if profile.path else profile.file_name
+    rows = {c.name: c for c in measurement.components}
+    added = profile.total_tokens
+    old_use = rows["tool_use_system_prompt"]
+    if profile.tools and (old_use.tokens or 0) == 0 and old_use.note == "no tools":
+        rows["tool_use_system_prompt"] = Component(
+            "tool_use_system_prompt", tool_use_tokens, "table",
+            "the provider's tokens for the harness's tools, from its table"
+            if tool_use_tokens is not None else "unknown model: counted as 0")
+        added += tool_use_tokens or 0
+    for name in COMPONENTS:
+        entry = profile.components[name]
+        note = f"{profile.harness} {profile.version}, {profile.toolset}: {where}"
+        if name == "tools":
+            note = f"{entry.get('count', len(profile.tools))} built-in tools; " + note
+        rows[f"harness_{name}"] = Component(f"harness_{name}", int(entry["tokens"]), "profile",
+                                            note)
+    total = measurement.total_tokens + added
+    tools = tuple(ToolCost(str(t["name"]), None, int(t["tokens"])) for t in profile.tools) \
+        + measurement.tools
+    estimate = measurement.estimate
+    if estimate is not None:
+        fixed = rows["tool_use_system_prompt"].tokens or 0
+        low, high = CLAUDE_ESTIMATE.of(total - fixed)
+        estimate = (low + fixed, high + fixed)
+    return replace(measurement, total_tokens=total,
+                   components=tuple(rows[n] for n in HARNESS_ORDER if n in rows),
+                   tools=tools, estimate=estimate)

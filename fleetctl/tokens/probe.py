@@ -112,7 +112,7 @@ def probe_command(command: list[str], harness: HarnessKind, *, counter: Any,
             message); ``{model}`` without a model.
     """
     argv0 = executable or command[0]
-    resolved = shutil.which(argv0) if os.sep not in argv0 else argv0
+    resolved = shutil.which(argv0) if os.sep not in argv0 else os.path.abspath(argv0)
     if resolved is None:
         raise ProbeError(f"cannot probe {harness.name}: {argv0!r} is not on PATH",
                          hint="install the harness (scripts/setup.sh --test puts Claude Code in "
@@ -200,3 +200,70 @@ def probe_role(role: Any, *, counter: Any, default_set: bool = False,
         command, tools = harness_command(role) or [], role.tools
     return probe_command(command, harness, counter=counter, tools_declared=tools,
                          model=role.model, timeout_s=timeout_s, executable=executable)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRun:
+    """One tool set probed for ``fleetctl tokens --probe``.
+
+    Attributes:
+        role: the role whose command was run.
+        result: the probe's result.
+        path: where the profile was written, or ``None`` (not written).
+        declared_tools: the role's ``tools:`` (``None`` for the default set): the built-in
+            tools the harness sent must be exactly these.
+        unexpected: names the harness sent beyond ``declared_tools``; ``missing``: declared
+            names it did not send (both empty for the default set).
+    """
+
+    role: str
+    result: ProbeResult
+    path: Path | None
+    declared_tools: tuple[str, ...] | None
+    unexpected: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+def probe_agents(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (), *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, executable: str | None = None,
+                 write: bool = True) -> list[ProbeRun]:
+    """Probe the harness of every selected agent's role: its declared tool set, and the
+    harness's default set (for the saving), each once; write the profiles into
+    ``<blueprint>/harnesses/`` unless ``write`` is false.
+
+    Raises:
+        InputError: bad inventory, blueprint or agent name; no selected role runs a harness
+            fleetctl can probe. ProbeError: a probe failed (nothing written for it).
+    """
+    from fleetctl.inventory import load_inventory
+    from fleetctl.tokens.audit import _select, load_roles
+    from fleetctl.tokens.counters import O200kCounter
+    from fleetctl.tokens.harness import write_profile
+
+    roles = load_roles(Path(blueprint))
+    inv = load_inventory(Path(inventory), set(roles))
+    selected = _select(inv, agents)
+    counter = O200kCounter()
+    wanted: dict[tuple[str, str], tuple[str, bool]] = {}
+    for _, agent in selected:
+        role = roles[agent.role]
+        harness = role_harness(role)
+        if harness is None or not role.agent_command:
+            continue
+        wanted.setdefault((harness.name, toolset_key(role.tools)), (agent.role, False))
+        wanted.setdefault((harness.name, "default"), (agent.role, True))
+    if not wanted:
+        raise InputError("none of the selected agents' roles runs a harness fleetctl can probe "
+                         "(an agent_command starting with claude, or a harness: key)")
+    runs = []
+    for (_, toolset), (role_name, default_set) in sorted(wanted.items()):
+        role = roles[role_name]
+        result = probe_role(role, counter=counter, default_set=default_set,
+                            timeout_s=timeout_s, executable=executable)
+        declared = None if default_set or role.tools is None else tuple(role.tools)
+        sent = [t["name"] for t in result.profile.tools]
+        unexpected = tuple(n for n in sent if declared is not None and n not in declared)
+        missing = tuple(n for n in declared or () if n not in sent)
+        path = write_profile(Path(blueprint), result.profile) if write else None
+        runs.append(ProbeRun(role_name, result, path, declared, unexpected, missing))
+    return runs
