@@ -240,7 +240,7 @@ def harness_problem(role: Any) -> tuple[str, str] | None:
         return None
     harness = role_harness(role)
     if harness is None:
-        return ("tools", "tools: needs an agent_command whose harness fleetctl knows (known: "
+        return ("tools", "needs an agent_command whose harness fleetctl knows (known: "
                          f"{', '.join(HARNESSES)}; or set harness:)")
     if harness.tools_flag in (getattr(role, "agent_command", None) or []):
         return ("agent_command", f"{harness.tools_flag} is already in agent_command: list the "

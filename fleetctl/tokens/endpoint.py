@@ -8,8 +8,8 @@ API for the harness to finish one turn, and records every request it receives:
   ``usage``; as Server-Sent Events when the request says ``"stream": true`` (the event sequence
   the API documents: ``message_start``, ``content_block_start``, ``content_block_delta``,
   ``content_block_stop``, ``message_delta``, ``message_stop``), else as one JSON object;
-- ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, N a rough figure (the request's
-  UTF-8 bytes / 4): a harness only uses it for its own bookkeeping, nothing here relies on it;
+- ``POST /v1/messages/count_tokens``: ``{"input_tokens": 1}``: a harness only uses it for its
+  own bookkeeping; nothing here relies on it (the probe counts the request itself);
 - anything else: ``404`` with an API-shaped error object (``HEAD``/``GET /`` connectivity checks
   included).
 
@@ -139,10 +139,10 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             body = self._record(raw)
             route = self.path.split("?", 1)[0].rstrip("/")
             if route.endswith("/v1/messages/count_tokens"):
-                answer = {"input_tokens": max(1, len(raw) // 4)}
+                answer = {"input_tokens": 1}  # nothing here relies on it
                 self._send(200, json.dumps(answer).encode(), "application/json")
             elif route.endswith("/v1/messages") and isinstance(body, dict):
-                message = _message(str(body.get("model") or "unknown"), max(1, len(raw) // 4))
+                message = _message(str(body.get("model") or "unknown"), 1)
                 if body.get("stream"):
                     self._send(200, _sse(_events(message)), "text/event-stream")
                 else:
