@@ -40,6 +40,18 @@ class CounterName(str, Enum):
     claude_api = "claude-api"
 
 
+def _never_crash_on_encoding() -> None:
+    """Keep output from crashing where stdout or stderr cannot encode a character (an ASCII
+    locale, ``PYTHONIOENCODING=ascii``): such characters are written as escapes instead."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change: left as it is
+                pass
+
+
 def _fail(exc: FleetctlError) -> None:
     print_error(exc)
     raise typer.Exit(exc.exit_code)
@@ -74,6 +86,10 @@ def tokens_command(
     harness_bin: Optional[Path] = typer.Option(
         None, "--harness-bin", help="With --probe: the harness executable to run instead of "
                                     "agent_command's first word."),
+    startup_timeout: Optional[float] = typer.Option(
+        None, "--startup-timeout", min=0.1, help="Seconds every MCP server may take to start, "
+                                                 "when longer than its role's startup_timeout_s "
+                                                 "(a slow server)."),
     probe_timeout: float = typer.Option(
         60.0, "--probe-timeout", min=1.0, help="With --probe: seconds a harness may take."),
     since: Optional[str] = typer.Option(
@@ -89,6 +105,7 @@ def tokens_command(
     """Measure each agent's prompt prefix against its budgets (exit 0 within, 1 over, 2 error)."""
     from fleetctl.errors import InputError
 
+    _never_crash_on_encoding()
     try:
         if live and (compare is not None or baseline is not None):
             raise InputError("--live reads the ledgers on the hosts: it takes no --compare or "
@@ -126,6 +143,7 @@ def tokens_command(
             options = TokensOptions(agents=tuple(agents or ()), counter=counter.value,
                                     compare_mcp=compare is CompareWith.mcp,
                                     compare_default=compare is CompareWith.default,
+                                    startup_timeout_s=startup_timeout,
                                     baseline=baseline,
                                     max_growth_pct=max_growth, claude_model=claude_model)
             report = audit_tokens(inventory or project / "inventory" / "demo.yaml",

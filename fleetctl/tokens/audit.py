@@ -55,6 +55,8 @@ class TokensOptions:
         counter: ``o200k`` (default: offline, exact for o200k_base) or ``claude-api`` (Claude's
             ``count_tokens``, needs an API key or ``claude_client``).
         compare_mcp: also measure each role with its MCP servers behind the bridge CLI.
+        startup_timeout_s: seconds every stdio MCP server may take to start, over what its
+            role says when longer (``--startup-timeout``, for a slow server); default ``None``.
         compare_default: also measure each role as its harness runs by default: every
             built-in tool (the default set's profile) and every MCP server mounted (``via:
             mcp``), the "before" of stripping and bridging.
@@ -73,6 +75,7 @@ class TokensOptions:
     counter: str = "o200k"
     compare_mcp: bool = False
     compare_default: bool = False
+    startup_timeout_s: float | None = None
     baseline: Path | None = None
     max_growth_pct: float = 5.0
     claude_client: Any = None
@@ -389,6 +392,10 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             else mcp_servers(roles[role_name].mcp_servers)
         for decl in wanted.values():
             decls.setdefault(_decl_key(decl), decl)
+    if options.startup_timeout_s is not None:
+        decls = {k: d.model_copy(update={"startup_timeout_s": max(d.startup_timeout_s,
+                                                                  options.startup_timeout_s)})
+                 for k, d in decls.items()}
     listed = list_servers(decls, blueprint)
 
     def measure(prefix: Any, model: str | None) -> Measurement:
@@ -461,6 +468,8 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
                 report.findings.append(Finding(
                     "server", f"MCP server {s.name} could not be measured ({s.status}): "
                     f"{s.detail}", s.name))
+        for s in listings:
+            report.warnings.extend(f"MCP server {s.name}: {flag}" for flag in s.flags)
         if any(not s.measured for s in listings):
             report.warnings.append("incomplete: the totals leave out the tools of the servers "
                                    "that could not be measured (a lower bound)")
