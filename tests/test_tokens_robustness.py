@@ -96,3 +96,106 @@ def test_output_never_crashes_in_an_ascii_locale(tmp_path):
         assert b"Traceback" not in done.stderr and b"internal error" not in done.stderr
         if fmt == "json":
             json.loads(done.stdout)
+
+
+# -- the online counter ------------------------------------------------------------------------
+
+class _Counting:
+    """A count_tokens endpoint with a behaviour: ``reject`` answers 400 for a request carrying
+    a tool whose name is in ``reject`` (as the API does for a schema it refuses), ``drop``
+    ignores the tools (a proxy that drops them), ``down`` is not listening at all."""
+
+    def __init__(self, reject: set[str] = frozenset(), drop: bool = False) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.requests: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.requests.append(body)
+                names = {t["name"] for t in body.get("tools", [])}
+                if names & reject:
+                    data = json.dumps({"type": "error", "error": {
+                        "type": "invalid_request_error",
+                        "message": "tools.0.custom.input_schema: input_schema does not "
+                                   "support oneOf, allOf, or anyOf at the top level"}}).encode()
+                    self.send_response(400)
+                else:
+                    parts = {k: body.get(k) for k in ("system", "messages")
+                             + (() if drop else ("tools",))}
+                    data = json.dumps({"input_tokens": len(json.dumps(parts)) // 3}).encode()
+                    self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def _claude_env(monkeypatch, tmp_path, url: str) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
+    monkeypatch.setenv("ANTHROPIC_MAX_RETRIES", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _two_servers(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"tools": [{"name": "ok", "description": "Fine.",
+                                           "inputSchema": {"type": "object"}}]}))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"tools": [{"name": "find", "description": "Find.",
+                                          "inputSchema": {"type": "object", "anyOf": [
+                                              {"required": ["id"]}, {"required": ["title"]}]}}]}))
+    return make_tokens_project(tmp_path, {"r": {
+        "prompt": "p", "skills": ["reply"], "model": "claude-sonnet-4-5",
+        "mcp_servers": {"good": {"snapshot": str(good)}, "bad": {"snapshot": str(bad)}}}})
+
+
+def test_a_provider_error_is_reported_per_server_with_its_message(tmp_path, monkeypatch):
+    endpoint = _Counting(reject={"mcp__bad__find"})
+    _claude_env(monkeypatch, tmp_path, endpoint.url)
+    got = run("--counter", "claude-api", "--format", "json", project=_two_servers(tmp_path))
+    assert got.code == 2 and "internal error" not in got.stderr
+    agent = got.agent("r")
+    assert agent["status"] == "incomplete"
+    counter = [f for f in agent["findings"] if f["kind"] == "counter"]
+    assert [f["subject"] for f in counter] == ["bad"]
+    assert "HTTP 400" in counter[0]["message"]
+    assert "does not support oneOf, allOf, or anyOf at the top level" in counter[0]["message"]
+    assert "sk-ant-test-key" not in got.stdout + got.stderr
+
+
+def test_a_connection_failure_is_reported_not_an_internal_error(tmp_path, monkeypatch):
+    _claude_env(monkeypatch, tmp_path, "http://127.0.0.1:9")  # discard port: refused
+    got = run("--counter", "claude-api", "--format", "json", project=_two_servers(tmp_path))
+    assert got.code == 2 and "internal error" not in got.stderr
+    messages = [f["message"] for f in got.agent("r")["findings"] if f["kind"] == "counter"]
+    assert len(messages) == 2 and all("count_tokens failed (APIConnectionError)" in m
+                                      for m in messages)
+
+
+def test_a_counter_that_drops_tool_definitions_is_refused_and_never_cached(tmp_path,
+                                                                           monkeypatch):
+    endpoint = _Counting(drop=True)
+    _claude_env(monkeypatch, tmp_path, endpoint.url)
+    project = _two_servers(tmp_path)
+    got = run("--counter", "claude-api", "--format", "json", project=project)
+    assert got.code == 2
+    messages = [f["message"] for f in got.agent("r")["findings"] if f["kind"] == "counter"]
+    assert messages and all("drops them; not a measurement" in m for m in messages)
+    cache = tmp_path / "cache" / "fleetctl" / "claude-count-tokens.json"
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+    from fleetctl.tokens.counters import request_digest
+
+    with_tools = [r for r in endpoint.requests if r.get("tools")]
+    assert with_tools and not any(request_digest(r) in cached for r in with_tools)

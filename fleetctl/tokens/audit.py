@@ -28,8 +28,8 @@ from typing import Any
 from fleetctl.blueprint import Role, load_blueprint
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError, worst_exit
 from fleetctl.inventory import load_inventory
-from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, JsonFileCache,
-                                      O200kCounter, anthropic_client)
+from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, CounterError,
+                                      JsonFileCache, O200kCounter, anthropic_client)
 from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
                                      mcp_servers)
 from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
@@ -185,12 +185,14 @@ class AgentReport:
     harness: dict[str, Any] | None = None
     harness_missing: str | None = None
     compare_default: Any = None
+    counter_error: str | None = None
 
     @property
     def status(self) -> str:
         """``incomplete`` (a server not measured, or the harness's part unknown: a lower
         bound), ``over`` (a finding) or ``ok``."""
-        if any(not s.measured for s in self.servers) or self.harness_missing:
+        if any(not s.measured for s in self.servers) or self.harness_missing \
+                or self.counter_error:
             return "incomplete"
         return "over" if self.findings else "ok"
 
@@ -408,6 +410,7 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
 
     per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None,
                               RoleHarness, Any]] = {}
+    counter_failures: dict[str, list[tuple[str | None, str]]] = {}
     for role_name in used_roles:
         role = roles[role_name]
         listings = tuple(_renamed(listed[_decl_key(d)], name)
@@ -423,7 +426,15 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
                 model=role.model)
         except prefix_module.PrefixError as exc:
             raise InputError(f"role {role_name}: {exc}") from None
-        measurement = harness.add(measure(prefix, role.model), prefix_module, role.model)
+        try:
+            measurement = harness.add(measure(prefix, role.model), prefix_module, role.model)
+        except CounterError as exc:
+            chosen = role.model or options.claude_model or DEFAULT_CLAUDE_MODEL
+            counter_failures[role_name] = _counter_culprits(api[chosen], prefix, exc)
+            measurement = harness.add(measure_offline(prefix, counter, prefix_module),
+                                      prefix_module, role.model)
+            per_role[role_name] = (measurement, listings, None, harness, None)
+            continue
         comparison = None
         if options.compare_mcp and role.mcp_servers:
             comparison = _compare(prefix_module, role, skills_dir, measurement, listings,
@@ -463,6 +474,13 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             report.warnings.append("lower bound: the harness's own part (system prompt, "
                                    "built-in tools, reminders) is not counted")
         report.warnings.extend(harness.warnings)
+        for server, message in counter_failures.get(agent.role, []):
+            report.counter_error = message
+            report.findings.append(Finding(
+                "counter", (f"MCP server {server}: " if server else "") + message, server))
+        if agent.role in counter_failures:
+            report.warnings.append("Claude's count failed: these numbers are o200k_base counts "
+                                   "made offline instead (a lower bound for Claude's)")
         for s in listings:
             if not s.measured:
                 report.findings.append(Finding(
@@ -490,6 +508,24 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
                         agents=agents,
                         baseline=display_path(options.baseline) if options.baseline else None,
                         max_growth_pct=options.max_growth_pct if options.baseline else None)
+
+
+def _counter_culprits(api: ClaudeCountTokens, prefix: Any, failure: CounterError
+                      ) -> list[tuple[str | None, str]]:
+    """Which MCP servers' tools Claude's count refuses, each with the provider's message: each
+    server's tools are counted alone; when none fails alone (a connection failure, a proxy
+    that drops tools), the whole request's failure is reported, for every server it had."""
+    servers = list(dict.fromkeys(t.server for t in prefix.tools if t.server is not None))
+    out: list[tuple[str | None, str]] = []
+    for server in servers:
+        tools = [t.sent() for t in prefix.tools if t.server == server]
+        try:
+            api.check_tools_counted("", tools)
+        except CounterError as exc:
+            out.append((server, exc.message))
+    if not out:
+        out = [(server, failure.message) for server in servers] or [(None, failure.message)]
+    return out
 
 
 def _renamed(listing: ServerListing, name: str) -> ServerListing:

@@ -209,6 +209,8 @@ def measure_claude(prefix: Any, api: ClaudeCountTokens, counter: Counter,
     fixed_table, use = _tool_use(prefix)
     system = prefix.system_text()
     everything = prefix.sent_tools()
+    if everything:  # refused, before any other count, when the endpoint drops tool definitions
+        api.check_tools_counted(system, everything)
     total = api.prefix_tokens(system, everything)
     components: dict[str, Component] = {}
     parts = prefix.parts()

@@ -220,7 +220,7 @@ def print_text(console: Console, report: TokensReport) -> None:
         if a.compare_default is not None:
             _print_compare_default(console, a.compare_default)
         for f in a.findings:
-            console.print(f"  OVER {f.message}" if f.kind not in ("server", "harness")
+            console.print(f"  OVER {f.message}" if f.kind not in ("server", "harness", "counter")
                           else f"  ERROR {f.message}",
                           markup=False, highlight=False)
         for w in a.warnings:
@@ -327,7 +327,7 @@ def to_markdown(report: TokensReport) -> str:
             out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
         if a.compare_default is not None:
             out += [f"- {_md(line.strip())}" for line in _compare_default_lines(a.compare_default)]
-        out += [f"- **over**: {_md(f.message)}" if f.kind not in ("server", "harness") else
+        out += [f"- **over**: {_md(f.message)}" if f.kind not in ("server", "harness", "counter") else
                 f"- **error**: {_md(f.message)}" for f in a.findings]
         out += [f"- note: {_md(w)}" for w in a.warnings]
         out.append("")
