@@ -20,6 +20,7 @@ broken variant for the failure tests:
 ``error-list``       answers ``tools/list`` with a JSON-RPC error
 ``quirks``           two pages with a repeated tool, dotted/slashed/long names, a normalised
                      name collision and an anyOf-rooted input schema (:func:`_quirks`)
+``fail-page-2``      (with ``--page-size``) answers the first page, errors on the next
 ``env``              one tool whose description shows ``$LANG`` and stdout's encoding
 """
 
@@ -526,6 +527,10 @@ def main(argv: list[str] | None = None) -> None:
                             f"stdout={sys.stdout.encoding} née")])
         if mode == "cursor-loop":
             return ListToolsResult(tools=tools[:5], next_cursor="c2FtZQ==")
+        if mode == "fail-page-2" and params and params.cursor:
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(code=-32603, message="page 2: the search index is rebuilding")
         if not args.page_size:
             return ListToolsResult(tools=tools)
         start = _offset(params.cursor if params else None)
