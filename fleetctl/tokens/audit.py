@@ -166,6 +166,9 @@ class AgentReport:
             which makes the totals a lower bound; ``None`` when it is counted or not needed.
         compare_default: before (the harness's default tool set, every MCP server mounted)
             and after (as declared), when ``--compare default`` asked for it.
+        counter_error: why Claude's count failed (the numbers are then offline counts).
+        instructions: one row per ``via: mcp`` server with instructions: ``server``,
+            ``tokens`` (o200k_base), ``chars``, ``harness_keeps_chars``, ``cut``.
     """
 
     agent: str
@@ -186,6 +189,7 @@ class AgentReport:
     harness_missing: str | None = None
     compare_default: Any = None
     counter_error: str | None = None
+    instructions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -488,6 +492,17 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
                     f"{s.detail}", s.name))
         for s in listings:
             report.warnings.extend(f"MCP server {s.name}: {flag}" for flag in s.flags)
+            if s.measured and s.instructions and s.instructions.strip():
+                kept = harness.kind.instructions_kept_chars if harness.kind else None
+                cut = kept is not None and len(s.instructions) > kept
+                report.instructions.append({
+                    "server": s.name, "tokens": counter.count(s.instructions),
+                    "chars": len(s.instructions), "harness_keeps_chars": kept, "cut": cut})
+                if cut:
+                    report.warnings.append(
+                        f"MCP server {s.name}: its instructions are {len(s.instructions):,} "
+                        f"characters; {harness.name} keeps the first {kept:,} (the rest is cut "
+                        "before the model sees it)")
         if any(not s.measured for s in listings):
             report.warnings.append("incomplete: the totals leave out the tools of the servers "
                                    "that could not be measured (a lower bound)")

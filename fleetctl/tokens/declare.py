@@ -152,6 +152,8 @@ class HarnessKind(BaseModel):
         tools_flag: the option that limits its built-in tools to a comma-separated list.
         strict_flags: options that keep it from adding MCP servers found outside the command
             (user or project settings).
+        instructions_kept_chars: how many characters of an MCP server's instructions it
+            passes to the model (the rest is cut), or ``None`` (not measured).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -162,6 +164,7 @@ class HarnessKind(BaseModel):
     quiet_env: dict[str, str]
     tools_flag: str
     strict_flags: tuple[str, ...]
+    instructions_kept_chars: int | None = None
 
     def tool_flags(self, tools: list[str]) -> list[str]:
         """The options that give the harness exactly ``tools`` (an empty list: none)."""
@@ -175,7 +178,10 @@ CLAUDE_CODE = HarnessKind(
     # variables*): no telemetry, no error reports, no auto-update, no other nonessential traffic.
     quiet_env={"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
                "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-    tools_flag="--tools", strict_flags=("--strict-mcp-config",))
+    tools_flag="--tools", strict_flags=("--strict-mcp-config",),
+    # Measured by probing Claude Code 2.1.197 with a server whose instructions are 16,000
+    # characters: the model got the first 2,048, then "… [truncated]".
+    instructions_kept_chars=2048)
 
 HARNESSES: dict[str, HarnessKind] = {CLAUDE_CODE.name: CLAUDE_CODE}
 """Every harness fleetctl can probe and give tool flags to, by name."""

@@ -19,6 +19,9 @@ from fleetctl.tokens.audit import (SCHEMA_VERSION, AgentReport, Comparison, Defa
                                    TokensReport)
 from fleetctl.tokens.measure import Measurement
 
+ERROR_KINDS = ("server", "harness", "counter")
+"""Finding kinds that mean "not measured" (printed ERROR), not "over a limit" (OVER)."""
+
 HEAVIEST = 10
 """How many tools the text and Markdown reports list (JSON lists all)."""
 
@@ -84,6 +87,7 @@ def agent_json(a: AgentReport) -> dict[str, Any]:
         "warnings": list(a.warnings),
         "compare": None if a.compare is None else compare_json(a.compare, window),
         "harness": a.harness, "harness_missing": a.harness_missing,
+        "instructions": list(a.instructions),
         "compare_default": None if a.compare_default is None
         else compare_default_json(a.compare_default),
     }
@@ -210,6 +214,8 @@ def print_text(console: Console, report: TokensReport) -> None:
             if not s.measured and s.stderr_tail:
                 for err_line in s.stderr_tail.splitlines():
                     console.print(f"    stderr| {err_line}", markup=False, highlight=False)
+        for row in a.instructions:
+            console.print(f"  {_instructions_line(row)}", markup=False, highlight=False)
         for name in a.bridged:
             console.print(f"  {_bridged_line(name)}", markup=False, highlight=False)
         hl = harness_line(a)
@@ -220,7 +226,7 @@ def print_text(console: Console, report: TokensReport) -> None:
         if a.compare_default is not None:
             _print_compare_default(console, a.compare_default)
         for f in a.findings:
-            console.print(f"  OVER {f.message}" if f.kind not in ("server", "harness", "counter")
+            console.print(f"  OVER {f.message}" if f.kind not in ERROR_KINDS
                           else f"  ERROR {f.message}",
                           markup=False, highlight=False)
         for w in a.warnings:
@@ -230,6 +236,13 @@ def print_text(console: Console, report: TokensReport) -> None:
     est = estimate_line(report)
     if est:
         console.print(est, markup=False, highlight=False)
+
+
+def _instructions_line(row: dict[str, Any]) -> str:
+    cut = (f"; cut to {row['harness_keeps_chars']:,} by the harness"
+           if row["cut"] else "")
+    return (f"MCP server {row['server']}: instructions {row['tokens']:,} tokens "
+            f"({row['chars']:,} characters{cut})")
 
 
 def _bridged_line(name: str) -> str:
@@ -319,6 +332,7 @@ def to_markdown(report: TokensReport) -> str:
         for s in a.servers:
             out.append(f"- MCP server `{s.name}`: {s.status}, {len(s.tools)} tools"
                        + (f": {_md(s.detail)}" if s.detail else ""))
+        out += [f"- {_md(_instructions_line(row))}" for row in a.instructions]
         out += [f"- {_md(_bridged_line(name))}" for name in a.bridged]
         hl = harness_line(a)
         if hl:
@@ -327,7 +341,7 @@ def to_markdown(report: TokensReport) -> str:
             out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
         if a.compare_default is not None:
             out += [f"- {_md(line.strip())}" for line in _compare_default_lines(a.compare_default)]
-        out += [f"- **over**: {_md(f.message)}" if f.kind not in ("server", "harness", "counter") else
+        out += [f"- **over**: {_md(f.message)}" if f.kind not in ERROR_KINDS else
                 f"- **error**: {_md(f.message)}" for f in a.findings]
         out += [f"- note: {_md(w)}" for w in a.warnings]
         out.append("")
