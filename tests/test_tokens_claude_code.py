@@ -112,3 +112,24 @@ def test_the_blueprint_profiles_are_what_this_version_sends(probed):
                             "counter", "data_sha256", "components", "tools", "total_tokens",
                             "probe"}
         assert all(set(t) == {"name", "tokens", "sha256"} for t in doc["tools"])
+
+
+def test_mcp_tools_it_sends_are_the_definitions_the_audit_counts(claude, tmp_path):
+    # Invariant 9 for MCP tools: Claude Code, given the tracker server over stdio, sends each
+    # tool exactly as the runner's prefix builder models it (what `fleetctl tokens` counts).
+    import sys
+
+    from fleetctl.tokens.measure import load_prefix_module
+    from tests.mcp_servers.project import TRACKER_ENV
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"tracker": {
+        "command": sys.executable, "args": ["-m", "tests.mcp_servers.tracker"],
+        "env": TRACKER_ENV}}}))
+    body = _raw_request(claude, "--mcp-config", str(config), "--strict-mcp-config",
+                        "--tools", "Bash")
+    sent = [t for t in body["tools"] if t["name"].startswith("mcp__")]
+    prefix = load_prefix_module(REPO / "blueprint")
+    snapshot = json.loads((REPO / "tests" / "mcp_servers" / "tracker.tools.json").read_text())
+    modelled = [prefix.mcp_tool_def("tracker", t).sent() for t in snapshot["tools"]]
+    assert sorted(sent, key=lambda t: t["name"]) == sorted(modelled, key=lambda t: t["name"])

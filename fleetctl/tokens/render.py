@@ -110,6 +110,10 @@ def compare_default_json(c: DefaultComparison) -> dict[str, Any]:
             "reason": c.reason}
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def harness_line(a: AgentReport) -> str | None:
     """One line on the harness's part of the prefix (``None``: the role runs none)."""
     h = a.harness
@@ -118,7 +122,7 @@ def harness_line(a: AgentReport) -> str | None:
     if h["profile"] is None:
         return f"harness {h['name']} (tool set {h['toolset']}): not counted: {a.harness_missing}"
     line = (f"harness {h['name']} {h['version']}, tool set {h['toolset']} ({h['profile']}): "
-            f"{h['total_tokens']:,} tokens a turn, {len(h['tools'])} built-in tools")
+            f"{h['total_tokens']:,} tokens a turn, {_count(len(h['tools']), 'built-in tool')}")
     if h["toolset"] != "default" and h["default_total_tokens"] is not None:
         line += (f"; its default set ({h['default_tools']} tools): "
                  f"{h['default_total_tokens']:,}: stripping saves {h['saving_tokens']:,} a turn")
@@ -270,8 +274,8 @@ def _compare_default_lines(c: DefaultComparison) -> list[str]:
     if c.before is None:
         return [f"--compare default: not measured: {c.reason}"]
     return [f"--compare default: before (harness default tools, every MCP server mounted) "
-            f"{c.before.total_tokens:,} tokens, {len(c.before.tools)} tools; after (as "
-            f"declared) {c.after.total_tokens:,}, {len(c.after.tools)} tools: prefix cut "
+            f"{c.before.total_tokens:,} tokens, {_count(len(c.before.tools), 'tool')}; after (as "
+            f"declared) {c.after.total_tokens:,}, {_count(len(c.after.tools), 'tool')}: prefix cut "
             f"{c.prefix_cut_pct:.1f}%",
             f"  tool-definition tokens {c.tool_tokens_before:,} -> {c.tool_tokens_after:,} "
             f"(cut {c.tool_cut_pct:.1f}%)"]
