@@ -115,17 +115,19 @@ def test_the_blueprint_profiles_are_what_this_version_sends(probed):
 
 
 def test_mcp_tools_it_sends_are_the_definitions_the_audit_counts(claude, tmp_path):
-    # Invariant 9 for MCP tools: Claude Code, given the tracker server over stdio, sends each
-    # tool exactly as the runner's prefix builder models it (what `fleetctl tokens` counts).
+    # Invariant 9 for MCP tools: Claude Code, given the tracker's tools by an MCP server over
+    # stdio, sends each exactly as the runner's prefix builder models it (what `fleetctl tokens`
+    # counts). The server is the standard-library one: `claude -p` does not wait for a server
+    # slower than about 2 s to start (measured), which the SDK's import can be on a busy box.
     import sys
 
     from fleetctl.tokens.measure import load_prefix_module
-    from tests.mcp_servers.project import TRACKER_ENV
 
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"tracker": {
-        "command": sys.executable, "args": ["-m", "tests.mcp_servers.tracker"],
-        "env": TRACKER_ENV}}}))
+        "command": sys.executable,
+        "args": [str(REPO / "tests" / "mcp_servers" / "snapshot_server.py"),
+                 str(REPO / "tests" / "mcp_servers" / "tracker.tools.json")]}}}))
     body = _raw_request(claude, "--mcp-config", str(config), "--strict-mcp-config",
                         "--tools", "Bash")
     sent = [t for t in body["tools"] if t["name"].startswith("mcp__")]
