@@ -11,7 +11,7 @@ import sys
 from fleetctl.tokens.declare import McpServerDecl
 from fleetctl.tokens.mcp_list import list_servers
 from tests.mcp_servers.project import REPO, TRACKER_ENV, make_tokens_project, tracker
-from tests.test_tokens_harness import run
+from tests.test_tokens_cli import tokens as run
 
 
 def _decl(*args: str, **settings) -> McpServerDecl:
