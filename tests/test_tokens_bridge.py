@@ -193,3 +193,19 @@ def test_a_cursor_loop_ends_the_listing_as_the_audit_does(paging):
     done = bridge(paging, "loop", "--help")
     assert len(done.stdout.decode().splitlines()) == 5
     assert done.returncode == 1 and "repeats cursor" in done.stderr.decode()
+
+
+def test_servers_get_a_utf8_environment_and_a_crash_its_status(tmp_path):
+    path = tmp_path / "mcp-bridge.json"
+    base = [sys.executable, "-m", "tests.mcp_servers.tracker"]
+    path.write_text(json.dumps({"servers": {
+        "env": {"command": [*base, "--mode", "env"], "env": TRACKER_ENV, "cwd": str(REPO)},
+        "crash": {"command": [*base, "--mode", "crash-on-start"], "env": TRACKER_ENV,
+                  "cwd": str(REPO)}}}))
+    done = bridge(path, "env", "--help", locale="C")
+    assert done.returncode == 0, done.stderr
+    assert "LANG=C.UTF-8 stdout=utf-8 née" in done.stdout.decode("utf-8")
+    done = bridge(path, "crash", "--help")
+    assert done.returncode == 2
+    assert "the server exited with status 3 (RuntimeError: TRACKER_TOKEN is not set)" in \
+        done.stderr.decode()
