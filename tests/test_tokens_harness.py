@@ -139,7 +139,7 @@ def test_the_audit_counts_the_profile_and_the_saving(tmp_path, fake_path):
     assert h["default_total_tokens"] == default_total
     assert h["saving_tokens"] == default_total - h["total_tokens"]
     text = run(project=project)
-    assert f"stripping saves {h['saving_tokens']:,} a turn" in text.stdout
+    assert f"stripping saves {h['saving_tokens']:,} a turn" in " ".join(text.stdout.split())
 
 
 def test_without_a_profile_the_prefix_is_a_lower_bound_never_ok(tmp_path):
@@ -254,3 +254,21 @@ def test_the_example_fleet_before_and_after(monkeypatch):
         abs=0.01)
     text = run("--inventory", "inventory/fleet.yaml", "concierge-eu", "--compare", "default")
     assert f"(cut {c['tool_cut_pct']:.1f}%)" in text.stdout
+
+
+def test_a_harness_not_installed_is_a_clear_error(tmp_path):
+    project = make_tokens_project(tmp_path, {"r": _role()})
+    got = run("--probe", project=project, env={"PATH": "/usr/bin:/bin"})
+    assert got.code == 2
+    assert "'claude' is not on PATH" in got.stderr and "--harness-bin" in got.stderr
+
+
+def test_compare_default_without_the_default_profile_says_why(tmp_path, fake_path):
+    project = make_tokens_project(tmp_path, {"lean": _role(tools=["Bash"])})
+    assert run("--probe", project=project, env=fake_path).code == 0
+    (project[1] / "harnesses" / "claude-code-9.9.9-default.json").unlink()
+    got = run("--compare", "default", "--format", "json", project=project)
+    c = got.agent("lean")["compare_default"]
+    assert c["before_total_tokens"] is None and "default tool set" in c["reason"]
+    assert got.agent("lean")["harness"]["saving_tokens"] is None
+    assert "its default set is not profiled" in " ".join(run(project=project).stdout.split())

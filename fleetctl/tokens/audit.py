@@ -32,10 +32,10 @@ from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, Counte
                                       JsonFileCache, O200kCounter, anthropic_client)
 from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
                                      mcp_servers)
-from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
 from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
                                      measure_claude, measure_offline)
+from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
 from fleetctl.tokens.models import ContextWindow, context_window
 from fleetctl.yamlfile import display_path
 
