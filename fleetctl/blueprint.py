@@ -29,7 +29,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from fleetctl.capabilities import Capability, load_capabilities, skill_needs
 from fleetctl.errors import InputError
-from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl, check_bridged_servers
+from fleetctl.tokens.declare import (SERVER_NAME, TOOL_NAME, McpServerDecl, check_bridged_servers,
+                                     harness_problem)
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
@@ -93,6 +94,11 @@ class Role(BaseModel):
     # elsewhere fails the runner's scope gate. None: every path of the workspace.
     writes: list[str] | None = None
     sync: RepoSync | None = None
+    # The agent harness (docs/tokens.md, *Harness profiles*): its name (default: from
+    # agent_command[0]; NAME@VERSION pins a profile), and the built-in tools the role needs
+    # (None: the harness's default set; rendered as the harness's tool flags).
+    harness: str | None = Field(default=None, pattern=r"^[a-z0-9-]+(@[A-Za-z0-9._-]+)?$")
+    tools: list[Annotated[str, StringConstraints(pattern=TOOL_NAME)]] | None = None
 
 
 class FileRule(BaseModel):
@@ -283,6 +289,9 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                                       hint=f"capabilities defined: "
                                       f"{', '.join(capabilities) or '(none)'}")
             check_bridged_servers(path, role)
+            problem = harness_problem(role)
+            if problem is not None:
+                raise input_error(path, node, [problem[0]], problem[1])
             direct = [name for name, decl in role.mcp_servers.items()
                       if getattr(decl, "via", "mcp") == "mcp" and decl.command is not None]
             if direct and role.agent_command is not None and \

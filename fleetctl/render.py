@@ -129,7 +129,15 @@ def agent_context(blueprint: Blueprint, host: Host, agent: Agent) -> dict[str, A
     context = _context_for_host(host)
     return {**agent.vars, "host": context["host"], "agents": context["agents"],
             "agent": _agent_data(host, agent),
-            "role": blueprint.roles[agent.role].model_dump()}
+            "role": _role_data(blueprint.roles[agent.role])}
+
+
+def _role_data(role: Role) -> dict[str, Any]:
+    """The role for templates; its ``agent_command`` with the harness's tool flags for the
+    role's ``tools:`` (:func:`fleetctl.tokens.declare.harness_command`)."""
+    from fleetctl.tokens.declare import harness_command
+
+    return {**role.model_dump(), "agent_command": harness_command(role)}
 
 
 _UNDEFINED = re.compile(r"'([^']+)' is undefined")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
-# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, and sudo (the
-# `become: sudo` tests log in as a non-root user whose sudoers entry they write).
+# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, sudo (the
+# `become: sudo` tests log in as a non-root user whose sudoers entry they write), and the real
+# Claude Code from the npm registry into .tools/ (gitignored): the harness-probe tests run it
+# against a local endpoint (docs/tokens.md, *Harness profiles*). Needs node >= 18 and npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +41,23 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 else
   .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  # The version the blueprint's harness profiles were probed with (blueprint/harnesses/).
+  claude_code_version=${CLAUDE_CODE_VERSION:-2.1.197}
+  claude=.tools/node_modules/.bin/claude
+  if ! "$claude" --version 2>/dev/null | grep -q "^$claude_code_version "; then
+    if ! command -v npm >/dev/null; then
+      echo "setup: the harness tests need npm (node >= 18) to install @anthropic-ai/claude-code" >&2
+      exit 2
+    fi
+    mkdir -p .tools
+    npm install --prefix .tools --no-audit --no-fund --no-save --loglevel=error \
+      "@anthropic-ai/claude-code@$claude_code_version" >/dev/null
+    # npm >= 11 may skip the package's postinstall (it copies the native binary into place).
+    "$claude" --version >/dev/null 2>&1 || \
+      node .tools/node_modules/@anthropic-ai/claude-code/install.cjs >/dev/null
+    "$claude" --version >/dev/null
+  fi
 fi
