@@ -14,7 +14,7 @@ import sys
 
 import yaml
 
-from tests.helpers import cli, local_host, write_inventory
+from tests.helpers import cli, git, local_host, write_inventory
 from tests.mcp_servers.project import REPO
 from tests.test_tokens_cli import tokens
 from tests.test_tokens_live_runner import AGENT, _blueprint, _drop
@@ -49,6 +49,8 @@ def test_provider_usage_beside_fleetctls_count(tmp_path):
     assert probed.code == 0, probed.stderr
     profile = json.loads((bp / "harnesses" / "claude-code-9.9.9-default.json").read_text())
 
+    git(tmp_path, "add", "-A")  # a ship renders what git has committed (docs/provenance.md)
+    git(tmp_path, "commit", "-q", "-m", "agent command and harness profile")
     assert cli("ship", "--yes", inventory=inv, blueprint=bp).code == 0
     state = root / "state" / AGENT
     for mid in ("m1", "m2"):
