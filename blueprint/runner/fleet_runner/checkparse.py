@@ -54,7 +54,12 @@ _NOISE = re.compile(
     r"|compilation terminated\.$"
     r"|\d+ (?:warnings?|errors?)(?: and \d+ (?:warnings?|errors?))? generated\.$"
     r"|[^\s:]+: note: "
+    r"|[\u2716\u2717xX] \d+ problems? \("
+    r"|Errors\s+Files$"
     r")")
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_STYLISH_ROW = re.compile(r"^\s+(?P<line>\d+):(?P<col>\d+)\s+(?P<sev>error|warning)\s+(?P<msg>.*)$")
+_FRAME = re.compile(r"^(?:\d+ |\s*~+\s*$|\s*$)")
 _ESLINT_SEVERITY = re.compile(r"\[(Error|Warning)/[^\]]*\]\s*$")
 
 
@@ -112,25 +117,52 @@ def severity_of(message: str) -> str:
     return ERROR
 
 
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, OSC hyperlinks) and
+    carriage returns: a checker that colours its output anyway is read as plain text."""
+    return _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse_checker_output(text: str) -> ParsedOutput:
-    """Parse checker output (formats in the module docstring)."""
+    """Parse checker output (formats in the module docstring); escape sequences are stripped
+    first (:func:`strip_ansi`)."""
     diagnostics: list[Diagnostic] = []
     unparsed: list[str] = []
     header: str | None = None  # a candidate header line for an arrow location
-    for line in text.splitlines():
+    stylish: str | None = None  # the file header of eslint's stylish rows under it
+    stylish_used = False
+    frame = False  # inside the numbered code frame of a tsc --pretty diagnostic
+    for line in strip_ansi(text).splitlines():
         arrow = _ARROW.match(line)
         if arrow:
             message = header if header is not None else ""
             if header is not None:
                 unparsed.pop()  # the header belongs to this diagnostic
-            header = None
+            header = stylish = None
             diagnostics.append(Diagnostic(arrow["path"], int(arrow["line"]), int(arrow["col"]),
                                           severity_of(message), message, "arrow"))
             continue
+        row = _STYLISH_ROW.match(line)
+        if row:
+            if stylish is None:
+                unparsed.append(line)  # a row with no file above it: nothing to place it in
+                continue
+            if not stylish_used:
+                unparsed.remove(stylish)  # the header names the file of the rows below it
+                stylish_used = True
+            severity = ERROR if row["sev"] == "error" else WARNING
+            diagnostics.append(Diagnostic(stylish, int(row["line"]), int(row["col"]), severity,
+                                          f"{row['sev']}: {row['msg'].rstrip()}", "stylish"))
+            continue
+        if frame and _FRAME.match(line):
+            continue
         if not line.strip() or _CONTEXT.match(line) or _NOISE.match(line):
             header = None
+            if line.strip():
+                stylish = None
             continue
-        header = None
+        header = stylish = None
+        frame = False
         paren = _PAREN.match(line)
         if paren:
             diagnostics.append(Diagnostic(paren["path"], int(paren["line"]), int(paren["col"]),
@@ -139,11 +171,15 @@ def parse_checker_output(text: str) -> ParsedOutput:
         gnu = _GNU.match(line)
         if gnu:
             col = int(gnu["col"]) if gnu["col"] else None
+            message = gnu["msg"]
+            if col is not None and message.startswith("- "):  # tsc --pretty: path:l:c - error
+                message, frame = message[2:], True
             diagnostics.append(Diagnostic(gnu["path"], int(gnu["line"]), col,
-                                          severity_of(gnu["msg"]), gnu["msg"], "gnu"))
+                                          severity_of(message), message, "gnu"))
             continue
         unparsed.append(line)
         header = line
+        stylish, stylish_used = line, False
     return ParsedOutput(tuple(diagnostics), tuple(unparsed))
 
 
@@ -153,3 +189,50 @@ def path_keys(path: str, cwd: str) -> set[str]:
     name the same file when their key sets intersect."""
     joined = os.path.normpath(os.path.join(cwd, path))
     return {joined, os.path.realpath(joined)}
+
+
+def place(path: str, cwd: str, workspace: str) -> set[str] | None:
+    """Where in the workspace a path printed by a checker running in ``cwd`` is.
+
+    The path is joined to ``cwd`` when relative, normalised (``./``, ``..``) and resolved
+    through symlinks; backslashes are read as ``/`` when the path as printed names no file.
+
+    Args:
+        path: the path as printed.
+        cwd: the checker's working directory (absolute).
+        workspace: the workspace (absolute).
+
+    Returns:
+        The workspace-relative (``/``-separated) forms of the file, lexical and resolved, or
+        ``None`` when it cannot be placed: no such file, or a file outside the workspace.
+    """
+    candidates = [path]
+    if "\\" in path:
+        candidates.append(path.replace("\\", "/"))
+    ws_lexical = os.path.normpath(os.path.abspath(workspace))
+    ws_real = os.path.realpath(workspace)
+    for candidate in candidates:
+        joined = os.path.normpath(os.path.join(cwd, candidate))
+        if not os.path.lexists(joined):
+            continue
+        forms: set[str] = set()
+        for base, full in ((ws_lexical, joined), (ws_real, joined),
+                           (ws_real, os.path.realpath(joined))):
+            if full.startswith(base + os.sep):
+                forms.add(os.path.relpath(full, base).replace(os.sep, "/"))
+        real = os.path.realpath(joined)
+        if not (real == ws_real or real.startswith(ws_real + os.sep)):
+            return None  # reached through a link that leads out of the workspace
+        return forms or None
+    return None
+
+
+def workspace_keys(rel: str, workspace: str) -> set[str]:
+    """The forms :func:`place` gives for the workspace file ``rel`` (``a/b.py``): itself and,
+    when a link on the way leads elsewhere in the workspace, its resolved form."""
+    forms = {rel}
+    ws_real = os.path.realpath(workspace)
+    real = os.path.realpath(os.path.join(workspace, rel))
+    if real.startswith(ws_real + os.sep):
+        forms.add(os.path.relpath(real, ws_real).replace(os.sep, "/"))
+    return forms

@@ -36,12 +36,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import calls, evidence, gates, reposync
+from fleet_runner import calls, evidence, gates, reposync, standing
+from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
@@ -60,13 +61,14 @@ from fleet_runner.records import (
     tail_text,
     write_json_atomic,
 )
-from fleet_runner.snapshot import diff_snapshots, take_snapshot
+from fleet_runner.scope import compile_scope
+from fleet_runner.snapshot import Changes, diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokens/prefix_counts.py writes it at render
 
-PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
+PASSED, FAILED, DENIED, STOPPED, FAULT = "pass", "fail", "denied", "stopped", "fault"
 GAVE_UP, REFUSED = "gave-up", "refused"
 CHANGES_LISTED_MAX = 200
 """At most this many paths per kind of change in a run record."""
@@ -84,6 +86,42 @@ _INTERRUPTION_TEXT = {RUNNER_STOPPED: "interrupted by a runner stop",
                       RUNNER_DIED: "interrupted: the runner died during this attempt"}
 
 
+RETRY_BACKOFF_MAX_S = 120.0
+"""The longest wait before a retry after a failed verification, in seconds."""
+CLEAR_COMMAND = ("fleet-runner --agent {agent} --root {root} --clear-denial PERMISSION")
+"""How a person clears a standing denial (:mod:`fleet_runner.standing`)."""
+
+
+def without_leftovers(changes: Changes, declared: Sequence[str] = ()) -> tuple[Changes,
+                                                                                list[str]]:
+    """``changes`` without what the checks write (:data:`fleet_runner.gates.CHECK_LEFTOVERS`
+    and the role's ``check_leftovers``), and the paths taken out, sorted."""
+    leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+    kept = [tuple(p for p in paths if not leftovers.allows(p))
+            for paths in (changes.added, changes.modified, changes.removed)]
+    dropped = sorted(p for paths in (changes.added, changes.modified, changes.removed)
+                     for p in paths if leftovers.allows(p))
+    return Changes(*kept), dropped
+
+
+def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
+    """One line per attempt: its number, verdict and why (every failed gate's summary, the
+    denials, or how it was interrupted)."""
+    lines = []
+    for entry in attempts:
+        verdict = entry.get("verdict") or entry.get("state")
+        if verdict == INTERRUPTED:
+            why = _interruption_text(entry)
+        elif entry.get("denials"):
+            why = "denied: " + "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
+                                         for d in entry["denials"])
+        else:
+            why = "; ".join(f"{g['name']}: {g['summary']}"
+                            for g in entry.get("failed_gates", [])) or "all gates passed"
+        lines.append(f"  {entry.get('attempt')}: {verdict}: {why}")
+    return "\n".join(lines)
+
+
 class RunnerError(Exception):
     """The runner cannot work for this agent (bad config, broken release); exit 2."""
 
@@ -99,12 +137,16 @@ class RunnerOptions:
         sync_retry_s: seconds before a task whose sync's fetch failed is tried again (default
             60), doubled at each failure up to :data:`SYNC_RETRY_MAX_S`. Kept in memory only:
             a restarted runner tries at once.
+        retry_backoff_s: seconds to wait before the retry that follows a failed verification
+            (default 5), doubled at each further failure of the task up to
+            :data:`RETRY_BACKOFF_MAX_S`; 0 retries at once.
     """
 
     kill_grace_s: float = 5.0
     check_timeout_s: float = 300.0
     poll_s: float = 1.0
     sync_retry_s: float = 60.0
+    retry_backoff_s: float = 5.0
 
 
 def _log(agent: str, text: str) -> None:
@@ -156,6 +198,7 @@ class Runner:
         self._log = log
         self._unreadable: dict[str, tuple[str, float]] = {}  # name -> (error, last logged)
         self._deferred: dict[str, float] = {}  # inbox name -> monotonic time to try again
+        self._held = ""  # the standing denials last logged as holding new tasks
 
     def log(self, text: str) -> None:
         """One line on stderr (the journal)."""
@@ -184,6 +227,11 @@ class Runner:
         A message that cannot be read or moved into ``processing/`` (an ``OSError``) is left in
         the inbox for the next scan, and the next message is taken.
         """
+        held = standing.standing(self.paths.standing_denials)
+        if held:
+            self._note_held(held)
+            return False
+        self._held = ""
         pending = self.spool.pending()
         names = {p.name for p in pending}
         for name in [n for n in self._unreadable if n not in names]:
@@ -215,6 +263,16 @@ class Runner:
                 self.process(claimed)
                 return True
         return False
+
+    def _note_held(self, held: list[dict[str, Any]]) -> None:
+        """Log once per set of standing denials that new tasks wait for a person."""
+        names = ", ".join(str(d.get("permission")) for d in held)
+        if names == self._held:
+            return
+        self._held = names
+        clear = CLEAR_COMMAND.format(agent=self.paths.agent, root=self.paths.root)
+        self.log(f"standing denial(s) {names}: no new task starts until a person clears each "
+                 f"(messages wait in the inbox): {clear}")
 
     def _note_unreadable(self, path: Path, exc: OSError, doing: str = "read this message") -> None:
         """Log an inbox message that cannot be read or claimed now (``doing`` says which) once,
@@ -329,8 +387,11 @@ class Runner:
             verdict = self._attempt(task, progress.next_attempt, max_attempts)
             if verdict == STOPPED:
                 return STOPPED
-            if verdict in (PASSED, DENIED):
-                return self._decide(task, PASSED if verdict == PASSED else DENIED)
+            if verdict in (PASSED, DENIED, FAULT):
+                return self._decide(task, verdict)
+            if verdict == FAILED and progress.next_attempt <= max_attempts:
+                self._back_off(task, failures=sum(1 for a in progress.attempts
+                                                  if a.get("verdict") == FAILED))
         return self._decide(task, GAVE_UP)
 
     def _open_task(self, message: Message, path: Path, progress: TaskProgress,
@@ -511,7 +572,7 @@ class Runner:
             "gates": [], "failed_gates": [], "denials": [],
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
-            "stale_group_killed": killed,
+            "stale_group_killed": killed, "check_leftovers": [],
             "note": f"{why}; it counts against max_retries"})
         calls.remove_shims(task.dir / f"attempt-{n}.shims")
         if write_ledger:  # the turn's line was never written: the runner died before it
@@ -615,9 +676,10 @@ class Runner:
         calls_log = task.dir / f"attempt-{n}.calls"
         calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
         started = time.monotonic()
+        agent_env = self._agent_env(task, n, run, shim_dir)
         inv = run_in_group(
             argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
-            env=self._agent_env(task, n, run, shim_dir), timeout_s=config.timeout_s,
+            env=agent_env, timeout_s=config.timeout_s,
             kill_grace_s=self.options.kill_grace_s,
             stdout_path=task.dir / f"attempt-{n}.stdout",
             stderr_path=task.dir / f"attempt-{n}.stderr", on_start=on_start,
@@ -637,8 +699,12 @@ class Runner:
             self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
 
-        changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
-        denials = evidence.denials_for_run(self.paths.denials_log, run)
+        all_changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
+        changes, leftovers = without_leftovers(all_changes, config.check_leftovers)
+        report = read_agent_report(inv.stdout_path, agent_env)
+        # Every place a refusal shows: the CLIs' own record, the agent CLI's structured result
+        # and its transcript, and the agent command's exit status 77.
+        denials = evidence.denials_for_run(self.paths.denials_log, run) + report.denials
         denied = bool(denials) or inv.exit_status == evidence.DENIED_EXIT_STATUS
         if denied and not denials:
             denials = [{"cli": "(agent command)", "what": "the agent command exited with "
@@ -646,18 +712,22 @@ class Runner:
         gates_started = time.monotonic()
         if denied:
             # Stop at once: no verification, no retry.
-            results = [gates.run_gate(inv)]
+            results = [gates.run_gate(inv, report=report)]
             verdict = DENIED
         else:
-            results = [
-                gates.run_gate(inv),
-                gates.check_gate(config.check, self.paths.workspace, changes.touched,
-                                 timeout_s=self.options.check_timeout_s,
-                                 kill_grace_s=self.options.kill_grace_s,
-                                 output_path=task.dir / f"attempt-{n}.check.out",
-                                 env={**os.environ, "FLEET_WORKSPACE":
-                                      os.fspath(self.paths.workspace)},
-                                 should_stop=lambda: self.stop_reason),
+            results = [gates.run_gate(inv, report=report)]
+            check_env = gates.check_env({**os.environ, "FLEET_WORKSPACE":
+                                         os.fspath(self.paths.workspace)},
+                                        cache_dir=self.paths.check_cache)
+            for i, spec in enumerate(config.checks or (None,)):
+                results.append(gates.check_gate(
+                    spec, self.paths.workspace, changes.touched,
+                    timeout_s=self.options.check_timeout_s,
+                    kill_grace_s=self.options.kill_grace_s,
+                    output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
+                                            else f"attempt-{n}.check-{i + 1}.out"),
+                    env=check_env, should_stop=lambda: self.stop_reason))
+            results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
                 self._scope_gate(task, changes),
@@ -666,7 +736,10 @@ class Runner:
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
                 self._mark_interrupted(task, write_ledger=False, inv=inv)
                 return STOPPED
-            verdict = FAILED if any(r.failed for r in results) else PASSED
+            if any(r.details.get("fault") for r in results):
+                verdict = FAULT  # the check itself cannot judge: no retry can help
+            else:
+                verdict = FAILED if any(r.failed for r in results) else PASSED
         finished = time.monotonic()
         failed = [r for r in results if r.failed]
         write_json_atomic(task.dir / f"attempt-{n}.json", {
@@ -681,19 +754,34 @@ class Runner:
             "invocation": inv.to_json(),
             "changes": {k: v[:CHANGES_LISTED_MAX] for k, v in changes.to_json().items()},
             "change_counts": {k: len(v) for k, v in changes.to_json().items()},
+            "check_leftovers": leftovers[:CHANGES_LISTED_MAX],
             "gates": [r.to_json() for r in results], "failed_gates": [r.name for r in failed],
             "denials": denials,
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
             "stale_group_killed": False, "note": None})
         entry.update(state=FINISHED, verdict=verdict, ended=now_iso(),
-                     failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output}
-                                   for r in failed],
+                     failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output,
+                                    "fault": bool(r.details.get("fault"))} for r in failed],
                      denials=denials)
         progress.save()
         self.log(f"task {message.id} attempt {n}/{max_attempts}: {verdict}"
                  + "".join(f"; {r.name}: {r.summary}" for r in failed))
         return verdict
+
+    def _back_off(self, task: _Task, failures: int) -> None:
+        """Wait before the retry that follows failed verification number ``failures``:
+        ``retry_backoff_s`` doubled per earlier failure, at most :data:`RETRY_BACKOFF_MAX_S`;
+        a stop request ends the wait."""
+        base = self.options.retry_backoff_s
+        if base <= 0 or failures < 1:
+            return
+        delay = min(base * 2 ** (failures - 1), RETRY_BACKOFF_MAX_S)
+        self.log(f"task {task.message.id}: retrying in {delay:g} s (failed verification "
+                 f"{failures})")
+        deadline = time.monotonic() + delay
+        while not self.stop_reason and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
     def _scope_gate(self, task: _Task, changes: Any) -> gates.GateResult:
         """The scope gate over the workspace's changes and, in a git repository, the files
@@ -721,7 +809,20 @@ class Runner:
         final: dict[str, Any] = {"outcome": outcome, "decided": now_iso(),
                                  "attempts": len(attempts), "failed_verifications": failures,
                                  "interrupted_attempts": interrupted, "escalated": False}
-        if outcome == GAVE_UP:
+        history = _attempt_history(attempts)
+        if outcome == FAULT:
+            faults = [g for g in last.get("failed_gates", []) if g.get("fault")] or \
+                last.get("failed_gates", [])
+            final["kind"] = "check-fault"
+            final["reason"] = (
+                f"Task {task.message.id} ({task.config.agent}) stopped on attempt "
+                f"{last.get('attempt')}: the check cannot judge the work, a fault of the host "
+                f"or the role, not of the agent: "
+                + "; ".join(f"{g['name']}: {g['summary']}" for g in faults)
+                + ". Not retried (no model run can fix it).\nAttempts:\n" + history)
+            final["detail"] = "\n\n".join(f"[{g['name']}]\n{g.get('output', '')}"
+                                           for g in faults)
+        elif outcome == GAVE_UP:
             if last.get("verdict") == INTERRUPTED:
                 last_failure = _interruption_text(last)
                 detail = ""
@@ -736,14 +837,21 @@ class Runner:
                 f"Task {task.message.id} ({task.config.agent}) gave up after {counts} in "
                 f"{len(attempts)} attempt(s) (max_retries="
                 f"{task.config.max_retries}). Last failure (attempt {last.get('attempt')}): "
-                f"{last_failure}")
+                f"{last_failure}\nAttempts:\n{history}")
             final["detail"] = detail
         elif outcome == DENIED:
             blocked = "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
                                 + (f" ({d['detail']})" if d.get("detail") else "")
                                 for d in last.get("denials", []))
+            clear = CLEAR_COMMAND.format(agent=self.paths.agent, root=self.paths.root)
+            held = standing.record(self.paths.standing_denials, last.get("denials", []),
+                                   task=task.message.id, run=str(last.get("run")), clear=clear)
             final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
-                               f"denied on attempt {last.get('attempt')}: {blocked}. Not retried.")
+                               f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
+                               f"Standing denial(s) {', '.join(held)}: no new task of this "
+                               f"agent starts until a person clears each with: {clear}"
+                               f"\nAttempts:\n{history}")
+            final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)
             final["blocked"] = last.get("denials", [])
         task.progress.final = final
