@@ -36,6 +36,8 @@ from dataclasses import dataclass
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
 _GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)$")
+_TSC_PRETTY = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?P<col>\d+) - "
+                         r"(?P<msg>(?:error|warning|message)\b.*)$")
 _PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)$")
 _ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*$")
 _CONTEXT = re.compile(r"^(\s|\d*\s*\|)")
@@ -168,14 +170,18 @@ def parse_checker_output(text: str) -> ParsedOutput:
             diagnostics.append(Diagnostic(paren["path"], int(paren["line"]), int(paren["col"]),
                                           severity_of(paren["msg"]), paren["msg"], "paren"))
             continue
+        pretty = _TSC_PRETTY.match(line)
+        if pretty:  # tsc --pretty: a numbered code frame follows
+            frame = True
+            diagnostics.append(Diagnostic(pretty["path"], int(pretty["line"]),
+                                          int(pretty["col"]), severity_of(pretty["msg"]),
+                                          pretty["msg"], "tsc-pretty"))
+            continue
         gnu = _GNU.match(line)
         if gnu:
             col = int(gnu["col"]) if gnu["col"] else None
-            message = gnu["msg"]
-            if col is not None and message.startswith("- "):  # tsc --pretty: path:l:c - error
-                message, frame = message[2:], True
             diagnostics.append(Diagnostic(gnu["path"], int(gnu["line"]), col,
-                                          severity_of(message), message, "gnu"))
+                                          severity_of(gnu["msg"]), gnu["msg"], "gnu"))
             continue
         unparsed.append(line)
         header = line

@@ -849,8 +849,9 @@ class Runner:
             final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
                                f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
                                f"Standing denial(s) {', '.join(held)}: no new task of this "
-                               f"agent starts until a person clears each with: {clear}"
-                               f"\nAttempts:\n{history}")
+                               f"agent starts until a person clears each: "
+                               + "; ".join(clear.replace("PERMISSION", p) for p in held)
+                               + f"\nAttempts:\n{history}")
             final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)
             final["blocked"] = last.get("denials", [])
