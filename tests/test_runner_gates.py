@@ -23,8 +23,8 @@ from tests.test_runner import AGENT, FAKES, REPO, _alive, make_fleet  # noqa: F4
 
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
 
-from fleet_runner.agentresult import read_agent_report  # noqa: E402
-from fleet_runner.checkparse import ERROR, WARNING, parse_checker_output, place  # noqa: E402
+# The pure parts are imported by the tests that use them, so that the end-to-end tests of
+# this file also run against an older runner (each of them must fail there).
 
 BIN = Path(sys.executable).parent
 RUFF, MYPY = BIN / "ruff", BIN / "mypy"
@@ -208,6 +208,8 @@ def test_role_declared_check_leftovers_are_not_changes(scripted):
 
 
 def test_eslint_stylish_is_parsed():
+    from fleet_runner.checkparse import ERROR, WARNING, parse_checker_output
+
     parsed = parse_checker_output((RECORDED / "eslint_stylish.txt").read_text("utf-8"))
     got = [(d.path, d.line, d.col, d.severity) for d in parsed.diagnostics]
     assert got == [("/tmp/rec/src/a.js", 1, 5, ERROR), ("/tmp/rec/src/a.js", 2, 5, ERROR),
@@ -216,6 +218,8 @@ def test_eslint_stylish_is_parsed():
 
 
 def test_tsc_pretty_is_parsed():
+    from fleet_runner.checkparse import ERROR, parse_checker_output
+
     parsed = parse_checker_output((RECORDED / "tsc_pretty.txt").read_text("utf-8"))
     assert [(d.path, d.line, d.col, d.severity) for d in parsed.diagnostics] == [
         ("src/a.ts", 1, 7, ERROR), ("src/a.ts", 2, 40, ERROR)]
@@ -224,11 +228,15 @@ def test_tsc_pretty_is_parsed():
 
 
 def test_a_stylish_row_without_a_file_is_unparsed():
+    from fleet_runner.checkparse import parse_checker_output
+
     parsed = parse_checker_output("  1:5  error  'x' is never used  no-unused-vars\n")
     assert parsed.diagnostics == () and len(parsed.unparsed) == 1
 
 
 def test_placement_of_printed_paths(tmp_path):
+    from fleet_runner.checkparse import place
+
     ws = tmp_path / "ws"
     (ws / "web" / "src").mkdir(parents=True)
     (ws / "web" / "src" / "a.ts").write_text("x\n")
@@ -319,6 +327,8 @@ def test_an_agent_cli_error_or_no_output_never_passes(scripted, steps, why):
 
 
 def test_agent_report_reads_stream_json_and_a_whole_json_document(tmp_path):
+    from fleet_runner.agentresult import read_agent_report
+
     out = tmp_path / "out"
     out.write_text(json.dumps(DENIED_RESULT, indent=2))  # pretty-printed: one document
     report = read_agent_report(out, {"HOME": str(tmp_path)})
