@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -364,3 +362,77 @@ def test_retries_back_off_and_the_escalation_lists_every_attempt(scripted):
     assert lines[0].startswith("  1: fail: run: the agent command exited with status 1")
     assert lines[1].startswith("  2: fail: check: 1 error(s) in files this task changed")
     assert lines[2].startswith("  3: fail: run:") and "printed nothing" in lines[2]
+
+
+# -- scope enforced ----------------------------------------------------------------------------
+
+CFG = b"port = 8080\r\nname = \xc3\xa9\n"  # bytes, CRLF and UTF-8 kept exactly
+
+
+def test_out_of_scope_changes_and_mode_changes_are_undone_and_read_back(scripted):
+    fleet = scripted([[{"chmod": "tools/run.sh", "mode": "4755"},
+                       {"write": "conf/app.cfg", "text": "port = 1\n"},
+                       {"remove": "conf/keep.txt"},
+                       {"write": "new/x.txt", "text": "stray\n"},
+                       {"write": "src/a.txt", "text": "in scope\n"}, {"print": "done"}]],
+                     role={"writes": ["src/"]})
+    for rel, data in (("tools/run.sh", b"#!/bin/sh\necho hi\n"), ("conf/app.cfg", CFG),
+                      ("conf/keep.txt", b"keep\n")):
+        (fleet.workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fleet.workspace / rel).write_bytes(data)
+        os.chmod(fleet.workspace / rel, 0o640)
+    fleet.drop("u1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    scope = fleet.gate("u1", 1, "scope")
+    assert scope["status"] == "fail"
+    assert scope["details"]["outside"] == ["conf/app.cfg (modified)", "conf/keep.txt (removed)",
+                                           "new/x.txt (added)", "tools/run.sh (modified)"]
+    assert sorted(scope["details"]["undone"]) == ["conf/app.cfg", "conf/keep.txt", "new/x.txt",
+                                                  "tools/run.sh"]
+    ws = fleet.workspace
+    assert (ws / "tools" / "run.sh").stat().st_mode & 0o7777 == 0o640  # setuid gone
+    assert (ws / "conf" / "app.cfg").read_bytes() == CFG
+    assert (ws / "conf" / "app.cfg").stat().st_mode & 0o7777 == 0o640
+    assert (ws / "conf" / "keep.txt").read_bytes() == b"keep\n"
+    assert not (ws / "new" / "x.txt").exists()
+    assert (ws / "src" / "a.txt").read_text() == "in scope\n"  # in scope: kept
+
+
+def test_a_mode_change_alone_is_a_change(scripted):
+    fleet = scripted([[{"chmod": "bin/tool", "mode": "4755"}, {"print": "done"}]],
+                     role={"writes": ["src/"]}, workspace_files={"bin/tool": "#!/bin/sh\n"})
+    os.chmod(fleet.workspace / "bin" / "tool", 0o755)
+    fleet.drop("u2", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    record = fleet.record("u2", 1)
+    assert record["changes"]["modified"] == ["bin/tool"]
+    assert record["failed_gates"] == ["scope"]
+    assert (fleet.workspace / "bin" / "tool").stat().st_mode & 0o7777 == 0o755
+
+
+# -- processes contained -----------------------------------------------------------------------
+
+
+def test_a_grandchild_that_calls_setsid_is_killed_and_recorded(scripted):
+    fleet = scripted([[{"escape": 300}, {"write": "a.txt", "text": "x\n"}, {"print": "done"}]])
+    fleet.drop("p1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    escaped = fleet.wait_for("escaped", timeout=0)
+    assert not _alive(escaped["grandchild"])  # killed and reaped, not a zombie
+    record = fleet.record("p1", 1)
+    assert record["verdict"] == "pass"
+    [start] = fleet.events("start")  # non-interactive: CI=1, no terminal
+    assert start["env"]["CI"] == "1" and start["tty"] is False
+    assert [k["pid"] for k in record["invocation"]["escaped_killed"]] == [escaped["grandchild"]]
+    assert "os.setsid()" in record["invocation"]["escaped_killed"][0]["cmd"]
+
+
+def test_an_escaped_grandchild_of_a_timed_out_run_is_killed(scripted):
+    fleet = scripted([[{"escape": 300}, {"sleep": 60}]], timeout_s=1)
+    fleet.drop("p2", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    escaped = fleet.wait_for("escaped", timeout=0)
+    assert not _alive(escaped["grandchild"])
+    invocation = fleet.record("p2", 1)["invocation"]
+    assert invocation["timed_out"] is True
+    assert [k["pid"] for k in invocation["escaped_killed"]] == [escaped["grandchild"]]

@@ -15,8 +15,13 @@ Used for the agent command and for the check command alike:
   (:func:`become_subreaper`, Linux) so orphaned grandchildren are reparented to it and it can
   wait for them, until ``killpg(pgid, 0)`` says the group is gone.
 
-A process that calls ``setsid()`` itself leaves the group and is out of reach here; the systemd
-unit (``KillMode=control-group``) covers that case when the service stops.
+A process that calls ``setsid()`` (or ``setpgid()``) leaves the group, so the group alone does
+not contain a run. Every descendant is also followed by its parentage: while the command runs,
+its process tree (``/proc``) is read at every poll, and once the group is gone every process
+seen in that tree, and every child of this process that started during the run (an orphan
+reparented to the subreaper), is killed (SIGKILL) with all its own descendants and reaped. The
+record lists each one (``escaped_killed``: pid and command line). The systemd unit
+(``KillMode=control-group``) also ends anything left when the service stops.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class Invocation:
         duration_s: wall-clock seconds from start to the leader's end.
         stdout_path: captured stdout (stdout and stderr when merged).
         stderr_path: captured stderr, or ``None`` when merged.
+        limit_s: the wall-clock limit it ran with.
+        escaped_killed: descendants that had left the group and had to be killed, each
+            ``{"pid", "cmd"}``.
     """
 
     argv: tuple[str, ...]
@@ -68,6 +76,7 @@ class Invocation:
     stdout_path: Path
     stderr_path: Path | None
     limit_s: float | None = None
+    escaped_killed: tuple[dict, ...] = ()
 
     @property
     def timed_out(self) -> bool:
@@ -95,6 +104,7 @@ class Invocation:
                 "stopped": self.stopped, "timed_out": self.timed_out,
                 "leftovers_killed": self.leftovers_killed, "group_gone": self.group_gone,
                 "start_error": self.start_error, "duration_s": round(self.duration_s, 3),
+                "escaped_killed": list(self.escaped_killed),
                 "outcome": self.describe()}
 
 
@@ -107,14 +117,101 @@ def _signal_name(number: int | None) -> str | None:
         return str(number)
 
 
+_SUBREAPER = False
+
+
 def become_subreaper() -> bool:
     """Make this process a child subreaper (Linux ``prctl``), so orphaned descendants are
     reparented to it and can be reaped. Returns whether it worked."""
+    global _SUBREAPER
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        _SUBREAPER = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        return False
+        _SUBREAPER = False
+    return _SUBREAPER
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Every process: pid → (parent pid, start ticks), from ``/proc`` (empty elsewhere)."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            table[int(name)] = (int(fields[1]), int(fields[19]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
+    """The pids below ``roots`` in ``table`` (not the roots themselves)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def _end_escaped(seen: dict[int, int], since_ticks: int | None) -> list[dict]:
+    """Kill and reap what is left of a run outside its group: every process in ``seen``
+    (pid → start ticks) still alive as that process, every child of this subreaper started at
+    or after ``since_ticks``, and all their descendants. Returns ``{"pid", "cmd"}`` of each."""
+    table = _process_table()
+    targets = {pid for pid, ticks in seen.items() if table.get(pid, (0, None))[1] == ticks}
+    if _SUBREAPER and since_ticks is not None:
+        me = os.getpid()
+        targets |= {pid for pid, (ppid, ticks) in table.items()
+                    if ppid == me and ticks >= since_ticks}
+    targets |= _descendants(targets, table)
+    killed = []
+    for pid in sorted(targets):
+        killed.append({"pid": pid, "cmd": _cmdline(pid)})
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + REAP_WAIT_S
+    while targets and time.monotonic() < deadline:
+        reap_orphans()
+        now = _process_table()
+        targets = {p for p in targets if p in now and now[p][1] == table[p][1]
+                   and not _zombie(p)}
+        if targets:
+            time.sleep(0.01)
+    reap_orphans()
+    return killed
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2:].split()[0] == b"Z"
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def group_alive(pgid: int) -> bool:
@@ -233,6 +330,8 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
                               f"{exc.strerror or exc} ({argv[0]})", 0.0, Path(stdout_path),
                               Path(stderr_path) if stderr_path else None)
     pgid = proc.pid
+    since_ticks = process_start_ticks(pgid)
+    seen: dict[int, int] = {}  # every descendant seen while it ran: pid -> start ticks
     if on_start is not None:
         on_start(pgid)
     feeder = threading.Thread(target=_feed, args=(proc, stdin), daemon=True)
@@ -246,6 +345,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
             break
         except subprocess.TimeoutExpired:
             pass
+        _note_tree(pgid, seen)
         if time.monotonic() >= deadline:
             stopped = "timeout"
         elif should_stop is not None:
@@ -262,6 +362,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
     duration = time.monotonic() - started
     leftovers = not stopped and group_alive(pgid)
     gone = reap_group(pgid)
+    escaped = _end_escaped(seen, since_ticks)  # the group is gone: what is left escaped it
     feeder.join(timeout=1.0)
     status = proc.returncode
     return Invocation(
@@ -270,7 +371,15 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         signal=-status if status is not None and status < 0 else None,
         stopped=stopped, leftovers_killed=leftovers, group_gone=gone, start_error=None,
         duration_s=duration, stdout_path=Path(stdout_path),
-        stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s)
+        stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s,
+        escaped_killed=tuple(escaped))
+
+
+def _note_tree(root: int, seen: dict[int, int]) -> None:
+    """Add every process now below ``root`` to ``seen`` (pid → start ticks)."""
+    table = _process_table()
+    for pid in _descendants({root}, table):
+        seen.setdefault(pid, table[pid][1])
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:

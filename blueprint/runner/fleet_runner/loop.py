@@ -33,6 +33,7 @@ message left in ``processing/`` finishes it first.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -62,6 +63,7 @@ from fleet_runner.records import (
     write_json_atomic,
 )
 from fleet_runner.scope import compile_scope
+from fleet_runner.undo import store_baseline, undo_changes
 from fleet_runner.snapshot import Changes, diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
@@ -86,6 +88,9 @@ _INTERRUPTION_TEXT = {RUNNER_STOPPED: "interrupted by a runner stop",
                       RUNNER_DIED: "interrupted: the runner died during this attempt"}
 
 
+BASELINE_STORE = "baseline-store"
+"""Under ``runs/<task>/``: copies of the files outside the write scope at the baseline
+(:mod:`fleet_runner.undo`)."""
 RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
 CLEAR_COMMAND = ("fleet-runner --agent {agent} --root {root} --clear-denial PERMISSION")
@@ -429,6 +434,10 @@ class Runner:
         else:
             git_start = self._git_start()
             baseline = take_snapshot(self.paths.workspace)
+            if config.writes is not None:
+                # Copies of what the run may not change, to undo a change it makes anyway.
+                store_baseline(self.paths.workspace, baseline, compile_scope(config.writes),
+                               task_dir / BASELINE_STORE)
             write_json_atomic(baseline_path, {"files": baseline, "git": git_start})
         if not progress.attempts:
             progress.save()
@@ -594,6 +603,8 @@ class Runner:
     def _agent_env(self, task: _Task, attempt: int, run: str,
                    shim_dir: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        # Non-interactive: agent CLIs and the tools they run must never wait for a person.
+        env["CI"] = "1"
         bins = [os.fspath(task.release / "skills" / s / "bin") for s in task.config.skills]
         # The call-counting shims first (calls.py), so the agent's PATH lookups reach them.
         shims = [os.fspath(shim_dir)] if shim_dir is not None else []
@@ -794,8 +805,33 @@ class Runner:
                                                      start.get("branch"))
             except reposync.GitError as exc:
                 error = str(exc)
-        return gates.scope_gate(writes, changes, committed=committed, commit_error=error,
-                                start_commit=start.get("head"))
+        result = gates.scope_gate(writes, changes, committed=committed, commit_error=error,
+                                  start_commit=start.get("head"))
+        if writes is None or not result.failed:
+            return result
+        scope = compile_scope(writes)
+        stray = [p for p in (*changes.added, *changes.modified, *changes.removed)
+                 if not scope.allows(p)]
+        if not stray:
+            return result
+        undone = undo_changes(self.paths.workspace, stray, task.baseline,
+                              task.dir / BASELINE_STORE)
+        details = {**result.details, "undone": undone.undone[:gates.LIST_MAX],
+                   "undone_count": len(undone.undone), "undo_failed": undone.failed}
+        text = result.output.replace(
+            "Put each of these back as it was before the task (delete what you added, restore "
+            "what you changed or removed) and write only inside the scope.",
+            "The runner has put each of these back as it was before the task (what you added "
+            "is deleted, what you changed or removed is restored, modes included): do not "
+            "change them again, write only inside the scope.")
+        summary = result.summary + f"; {len(undone.undone)} undone"
+        if undone.failed:
+            # The workspace is not as the baseline says outside the scope: no retry should
+            # build on it.
+            details["fault"] = True
+            summary += (f", {len(undone.failed)} could not be undone: "
+                        + "; ".join(undone.failed[:3]))
+        return dataclasses.replace(result, summary=summary, output=text, details=details)
 
     # -- the end of a task ----------------------------------------------------------------
 
