@@ -375,11 +375,46 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         escaped_killed=tuple(escaped))
 
 
+def _children(pid: int) -> list[int] | None:
+    """The children of ``pid`` from ``/proc/PID/task/*/children`` (``[]`` when it is gone), or
+    ``None`` when the kernel does not offer those files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended
+            return None
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def _note_tree(root: int, seen: dict[int, int]) -> None:
-    """Add every process now below ``root`` to ``seen`` (pid → start ticks)."""
-    table = _process_table()
-    for pid in _descendants({root}, table):
-        seen.setdefault(pid, table[pid][1])
+    """Add every process now below ``root`` to ``seen`` (pid → start ticks): through the
+    children files (cheap: only the tree is read), else the whole process table."""
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        children = _children(todo.pop())
+        if children is None:
+            table = _process_table()
+            for pid in _descendants({root}, table):
+                seen.setdefault(pid, table[pid][1])
+            return
+        found += children
+        todo += children
+    for pid in found:
+        if pid not in seen:
+            ticks = process_start_ticks(pid)
+            if ticks is not None:
+                seen[pid] = ticks
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
