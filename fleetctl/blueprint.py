@@ -115,6 +115,9 @@ class Role(BaseModel):
     # Gitignore-style patterns, relative to the workspace, of what a run may change; a change
     # elsewhere fails the runner's scope gate. None: every path of the workspace.
     writes: list[str] | None = None
+    # Patterns of paths beyond `writes` the runner grants when an agent asks (its scope
+    # request file); None: none.
+    scope_requests: list[str] | None = None
     sync: RepoSync | None = None
 
     @model_validator(mode="after")

@@ -678,7 +678,7 @@ def test_a_switched_release_is_picked_up_under_steady_load(make_fleet):
 RUN_RECORD_KEYS = {"schema_version", "agent", "task", "from", "attempt", "max_attempts", "run",
                    "release", "started", "finished", "verdict", "durations", "invocation",
                    "changes", "change_counts", "gates", "failed_gates", "denials", "files",
-                   "stale_group_killed", "note", "check_leftovers"}
+                   "stale_group_killed", "note", "check_leftovers", "scope_request"}
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])

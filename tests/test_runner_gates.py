@@ -436,3 +436,45 @@ def test_an_escaped_grandchild_of_a_timed_out_run_is_killed(scripted):
     invocation = fleet.record("p2", 1)["invocation"]
     assert invocation["timed_out"] is True
     assert [k["pid"] for k in invocation["escaped_killed"]] == [escaped["grandchild"]]
+
+
+def test_a_scope_request_is_decided_by_rules_and_a_grant_counts_from_the_next_attempt(
+        scripted):
+    request = {"paths": ["docs/api.md", "docs/early.md", "secrets/key.txt", "docs/*.md"],
+               "why": "the change needs its doc"}
+    fleet = scripted([[{"write": "src/a.txt", "text": "a\n"},
+                       {"write": "docs/early.md", "text": "written before asking\n"},
+                       {"write": "$FLEET_SCOPE_REQUEST", "text": json.dumps(request)},
+                       {"print": "asked"}],
+                      [{"write": "docs/api.md", "text": "api\n"}, {"print": "done"}]],
+                     role={"writes": ["src/"], "scope_requests": ["docs/", "*.md"]},
+                     max_retries=1)
+    fleet.drop("q1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    first_prompt, second_prompt = (s["prompt"] for s in fleet.events("start"))
+    assert "Write scope: you may change only src/" in first_prompt
+    assert "FLEET_SCOPE_REQUEST" not in first_prompt  # the real path is given
+    assert str(fleet.state / "runs" / "q1" / "scope-request.json") in first_prompt
+    first = fleet.record("q1", 1)
+    assert first["scope_request"]["granted"] == ["docs/api.md"]
+    assert [(d["path"], d["why"].split(":")[0]) for d in first["scope_request"]["denied"]] == [
+        ("docs/early.md", "this task already changed it"),
+        ("secrets/key.txt", "not among the paths this role lets an agent ask for (scope_requests)"),
+        ("docs/*.md", "not a literal path relative to the workspace (no wildcard, no ..)")]
+    assert first["failed_gates"] == ["scope"]  # docs/early.md: written before it was asked
+    assert not (fleet.workspace / "docs" / "early.md").exists()  # undone
+    assert "the paths granted on request: docs/api.md" in second_prompt
+    assert fleet.record("q1", 2)["verdict"] == "pass"
+    assert (fleet.workspace / "docs" / "api.md").read_text() == "api\n"
+
+
+def test_denied_scope_requests_are_in_the_escalation(scripted):
+    fleet = scripted([[{"write": "$FLEET_SCOPE_REQUEST",
+                        "text": json.dumps({"paths": ["etc/app.conf"], "why": "x"})},
+                       {"print": "asked"}, {"exit": 1}]],
+                     role={"writes": ["src/"]}, max_retries=0)
+    fleet.drop("q2", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    [notice] = fleet.notices()
+    assert "Scope requests denied:" in notice["reason"]
+    assert "etc/app.conf: this role grants no scope on request" in notice["reason"]

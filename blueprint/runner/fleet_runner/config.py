@@ -123,6 +123,8 @@ class AgentConfig:
             missing, as in configs rendered before it existed) exports nothing.
         writes: gitignore-style patterns (workspace-relative) of what a run may change, or
             ``None`` for anywhere (the scope gate is then skipped); ``[]`` allows nothing.
+        scope_requests: gitignore-style patterns of the paths an agent may be granted on
+            request beyond ``writes`` (:mod:`fleet_runner.scoperequest`), or ``None``: none.
         sync: the working repository to sync before a task, or ``None``.
         mcp_servers: the role's MCP servers that can be started, in name order (``()`` when
             the key is missing, as in configs rendered before it existed).
@@ -146,6 +148,7 @@ class AgentConfig:
     vars: dict[str, Any] = field(default_factory=dict)
     credentials_dir: str | None = None
     writes: tuple[str, ...] | None = None
+    scope_requests: tuple[str, ...] | None = None
     sync: SyncConfig | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     path: Path | None = None
@@ -417,6 +420,15 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
             compile_scope(writes)
         except ScopeError as exc:
             raise ConfigError(f"{at('writes')}: writes: {exc}") from None
+    requestable = _want(data, "scope_requests", (list,), at)
+    if requestable is not None:
+        if not all(isinstance(item, str) for item in requestable):
+            raise ConfigError(f"{at('scope_requests')}: scope_requests: every item must be a "
+                              "string")
+        try:
+            compile_scope(requestable)
+        except ScopeError as exc:
+            raise ConfigError(f"{at('scope_requests')}: scope_requests: {exc}") from None
     leftovers = _want(data, "check_leftovers", (list,), at) or []
     if not all(isinstance(item, str) for item in leftovers):
         raise ConfigError(f"{at('check_leftovers')}: check_leftovers: every item must be a "
@@ -442,6 +454,7 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
         vars=_want(data, "vars", (dict,), at) or {},
         credentials_dir=credentials_dir,
         writes=tuple(writes) if writes is not None else None,
+        scope_requests=tuple(requestable) if requestable is not None else None,
         sync=_sync(data, at),
         mcp_servers=_mcp_servers(data, at),
         path=path,

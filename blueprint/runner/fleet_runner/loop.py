@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import calls, evidence, gates, reposync, standing
+from fleet_runner import calls, evidence, gates, reposync, scoperequest, standing
 from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
@@ -581,7 +581,7 @@ class Runner:
             "gates": [], "failed_gates": [], "denials": [],
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
-            "stale_group_killed": killed, "check_leftovers": [],
+            "stale_group_killed": killed, "check_leftovers": [], "scope_request": None,
             "note": f"{why}; it counts against max_retries"})
         calls.remove_shims(task.dir / f"attempt-{n}.shims")
         if write_ledger:  # the turn's line was never written: the runner died before it
@@ -616,6 +616,8 @@ class Runner:
             FLEET_NOTIFY_SPOOL=os.fspath(self.paths.notify),
             FLEET_SENDS_LOG=os.fspath(self.paths.sends_log),
             FLEET_DENIALS_LOG=os.fspath(self.paths.denials_log))
+        if task.config.writes is not None:
+            env["FLEET_SCOPE_REQUEST"] = os.fspath(task.dir / scoperequest.REQUEST_FILE)
         if task.message.channel:
             env["FLEET_CHANNEL"] = task.message.channel
         if task.config.model:
@@ -657,7 +659,9 @@ class Runner:
             interrupted=bool(previous and previous.get("state") == INTERRUPTED),
             failed_gates=failed_gates, failed_attempt=previous["attempt"] if previous else None,
             prior_commits=prior_commits, since=(start_commit or "")[:12],
-            branch=config.sync.branch if config.sync else None)
+            branch=config.sync.branch if config.sync else None,
+            writes=config.writes, granted=scoperequest.grants(task.dir)["granted"],
+            scope_file=os.fspath(task.dir / scoperequest.REQUEST_FILE))
         full_prompt = prefix.text + "\n\n" + task_prompt
         (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
         prefix_tokens, counter, exact = counted_prefix(
@@ -713,6 +717,15 @@ class Runner:
         all_changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
         changes, leftovers = without_leftovers(all_changes, config.check_leftovers)
         report = read_agent_report(inv.stdout_path, agent_env)
+        # The scope this attempt is judged by: the role's, plus what earlier attempts were
+        # granted on request; this attempt's own request counts from the next one.
+        writes = self._writes(task)
+        committed, commit_error = self._committed(task)
+        scope_request = None
+        if config.writes is not None:
+            scope_request = scoperequest.decide(
+                task.dir, n, [*all_changes.added, *all_changes.modified, *all_changes.removed,
+                              *(committed or ())], config.scope_requests)
         # Every place a refusal shows: the CLIs' own record, the agent CLI's structured result
         # and its transcript, and the agent command's exit status 77.
         denials = evidence.denials_for_run(self.paths.denials_log, run) + report.denials
@@ -741,7 +754,7 @@ class Runner:
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
-                self._scope_gate(task, changes),
+                self._scope_gate(task, changes, writes, committed, commit_error),
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
@@ -766,6 +779,7 @@ class Runner:
             "changes": {k: v[:CHANGES_LISTED_MAX] for k, v in changes.to_json().items()},
             "change_counts": {k: len(v) for k, v in changes.to_json().items()},
             "check_leftovers": leftovers[:CHANGES_LISTED_MAX],
+            "scope_request": scope_request,
             "gates": [r.to_json() for r in results], "failed_gates": [r.name for r in failed],
             "denials": denials,
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
@@ -794,17 +808,30 @@ class Runner:
         while not self.stop_reason and time.monotonic() < deadline:
             time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
 
-    def _scope_gate(self, task: _Task, changes: Any) -> gates.GateResult:
+    def _writes(self, task: _Task) -> list[str] | None:
+        """The role's ``writes`` and a literal pattern per path granted on request so far."""
+        if task.config.writes is None:
+            return None
+        granted = scoperequest.grants(task.dir)["granted"]
+        return [*task.config.writes, *map(scoperequest.literal_pattern, granted)]
+
+    def _committed(self, task: _Task) -> tuple[list[str] | None, str | None]:
+        """The paths the commits made since the baseline changed (``None`` outside a git
+        repository or without ``writes``), and why they could not be read, or ``None``."""
+        start = task.git_start or {}
+        if task.config.writes is None or not start.get("repo"):
+            return None, None
+        try:
+            return list(reposync.committed_paths(self.paths.workspace, start.get("head"),
+                                                 start.get("branch"))), None
+        except reposync.GitError as exc:
+            return None, str(exc)
+
+    def _scope_gate(self, task: _Task, changes: Any, writes: list[str] | None,
+                    committed: list[str] | None, error: str | None) -> gates.GateResult:
         """The scope gate over the workspace's changes and, in a git repository, the files
-        the commits made since the baseline changed."""
-        writes, start = task.config.writes, task.git_start or {}
-        committed, error = None, None
-        if writes is not None and start.get("repo"):
-            try:
-                committed = reposync.committed_paths(self.paths.workspace, start.get("head"),
-                                                     start.get("branch"))
-            except reposync.GitError as exc:
-                error = str(exc)
+        the commits made since the baseline changed; what it finds outside is undone."""
+        start = task.git_start or {}
         result = gates.scope_gate(writes, changes, committed=committed, commit_error=error,
                                   start_commit=start.get("head"))
         if writes is None or not result.failed:
@@ -891,6 +918,11 @@ class Runner:
             final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)
             final["blocked"] = last.get("denials", [])
+        denied_requests = scoperequest.grants(task.dir)["denied"]
+        if denied_requests and outcome != PASSED:
+            final["reason"] = final.get("reason", "") + "\nScope requests denied:\n" + "\n".join(
+                f"  attempt {d.get('attempt')}: {d.get('path')}: {d.get('why')}"
+                for d in denied_requests)
         task.progress.final = final
         task.progress.save()
         return self._complete(task)
