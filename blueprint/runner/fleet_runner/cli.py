@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-backoff-s", type=float, default=5.0,
                    help="seconds before the retry that follows a failed verification, doubled "
                         "at each further failure up to 120; 0: at once (default: 5)")
+    p.add_argument("--agent-user", metavar="USER",
+                   help="run the agent command and the checks as USER, apart from the runner: "
+                        "sends then count only when recorded through the runner's socket "
+                        "(needs root or CAP_SETUID/CAP_SETGID; default: the runner's user)")
     p.add_argument("--list-denials", action="store_true",
                    help="print the agent's standing denials as JSON, and exit")
     p.add_argument("--clear-denial", metavar="PERMISSION",
@@ -164,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                                          poll_s=args.poll_s,
                                          sync_retry_s=args.sync_retry_s,
                                          retry_backoff_s=args.retry_backoff_s))
+    if args.agent_user:
+        try:
+            runner.split_users(args.agent_user)
+        except (RunnerError, OSError) as exc:
+            print(f"fleet-runner: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.request_stop())
     started_release = os.path.realpath(paths.release)

@@ -212,7 +212,8 @@ def check_env(base: Mapping[str, str], cache_dir: Path | None = None) -> dict[st
 def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                timeout_s: float, kill_grace_s: float, output_path: Path,
                env: Mapping[str, str],
-               should_stop: Callable[[], str | None] | None = None) -> GateResult:
+               should_stop: Callable[[], str | None] | None = None,
+               user: tuple[int, int] | None = None) -> GateResult:
     """Run one check over the workspace and judge it diff-aware (module docstring).
 
     Args:
@@ -227,6 +228,8 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
         env: its environment (give it :func:`check_env`'s).
         should_stop: polled while it runs; a reason ends it early (the result then fails with
             that reason, and the caller is expected to discard it).
+        user: ``(uid, gid)`` to run it as (it runs the agent's code: the agent's user), or
+            ``None``.
 
     Returns:
         The gate's result. ``output`` is what the next attempt is told: only the errors in
@@ -253,7 +256,7 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                           {**details, "fault": True})
     inv = run_in_group(["/bin/sh", "-c", command], stdin=b"", cwd=cwd, env=env,
                        timeout_s=timeout_s, kill_grace_s=kill_grace_s, stdout_path=output_path,
-                       should_stop=should_stop)
+                       should_stop=should_stop, user=user)
     try:
         text = strip_ansi(Path(output_path).read_text("utf-8", "replace"))
     except OSError:

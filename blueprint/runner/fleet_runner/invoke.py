@@ -297,7 +297,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
                  stderr_path: Path | None = None,
                  on_start: Callable[[int], None] | None = None,
                  should_stop: Callable[[], str | None] | None = None,
-                 poll_s: float = 0.05) -> Invocation:
+                 poll_s: float = 0.05, user: tuple[int, int] | None = None) -> Invocation:
     """Run ``argv`` in a new process group and return how it ended.
 
     Args:
@@ -313,6 +313,8 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         should_stop: polled every ``poll_s`` seconds; a non-empty string ends the group early
             and is recorded as the reason.
         poll_s: seconds between polls.
+        user: ``(uid, gid)`` to run the command as (no supplementary groups), or ``None``:
+            this process's user. Switching needs root or ``CAP_SETUID``/``CAP_SETGID``.
 
     A command that cannot start (not found, not executable) is reported in ``start_error``;
     nothing is raised for it.
@@ -323,8 +325,11 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         out = files.enter_context(open(stdout_path, "wb"))
         err = files.enter_context(open(stderr_path, "wb")) if stderr_path else subprocess.STDOUT
         try:
+            as_user = {} if user is None else {"user": user[0], "group": user[1],
+                                               "extra_groups": []}
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd,
-                                    env=dict(env), start_new_session=True, close_fds=True)
+                                    env=dict(env), start_new_session=True, close_fds=True,
+                                    **as_user)
         except OSError as exc:
             return Invocation(argv, None, None, None, None, False, True,
                               f"{exc.strerror or exc} ({argv[0]})", 0.0, Path(stdout_path),

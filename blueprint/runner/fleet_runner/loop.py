@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import calls, evidence, gates, reposync, scoperequest, standing
+from fleet_runner import calls, evidence, gates, reposync, scoperequest, sendproof, standing
 from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
@@ -88,6 +88,9 @@ _INTERRUPTION_TEXT = {RUNNER_STOPPED: "interrupted by a runner stop",
                       RUNNER_DIED: "interrupted: the runner died during this attempt"}
 
 
+AGENT_DIR, SHIMS_DIR, EVIDENCE_SOCKET = "agent", "shims", "evidence.sock"
+"""With two users (``--agent-user``): the agent user's directory in the state, the runner's
+directory of shims it may read, and the runner's evidence socket (sendproof.py)."""
 BASELINE_STORE = "baseline-store"
 """Under ``runs/<task>/``: copies of the files outside the write scope at the baseline
 (:mod:`fleet_runner.undo`)."""
@@ -173,6 +176,27 @@ def _escalation_text(escalation: dict[str, Any]) -> str:
     return f"escalated via {via}" + (f" (notify CLI: {error})" if error else "")
 
 
+@dataclass(frozen=True)
+class AgentUser:
+    """The agent's own Linux user, when it is not the runner's (``--agent-user``).
+
+    Attributes:
+        name: the user name.
+        uid: its uid.
+        gid: its primary gid.
+        home: its home directory (``HOME`` of the agent command and the checks).
+        python: the interpreter its send shims run with (one it can execute).
+        server: the runner's evidence socket (:class:`fleet_runner.sendproof.EvidenceServer`).
+    """
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    python: str
+    server: sendproof.EvidenceServer
+
+
 @dataclass
 class _Task:
     """Everything one task's attempts share."""
@@ -204,10 +228,62 @@ class Runner:
         self._unreadable: dict[str, tuple[str, float]] = {}  # name -> (error, last logged)
         self._deferred: dict[str, float] = {}  # inbox name -> monotonic time to try again
         self._held = ""  # the standing denials last logged as holding new tasks
+        self.users: AgentUser | None = None
 
     def log(self, text: str) -> None:
         """One line on stderr (the journal)."""
         self._log(self.paths.agent, text)
+
+    def split_users(self, name: str) -> None:
+        """Run the agent command and the checks as the Linux user ``name``, apart from the
+        runner (sendproof.py, docs/runner.md "The two users"): ``STATE`` becomes 0711 (the
+        agent's user may reach only what it is given), ``STATE/agent/`` and the outbox and
+        notify spools are its own, the shims directory is the runner's (readable), the
+        evidence socket listens, and git in the workspace runs as that user.
+
+        Raises:
+            RunnerError: no such user, this process may not switch to it, the workspace is not
+                the user's, or no Python interpreter the user may run is found.
+        """
+        import pwd
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise RunnerError(f"--agent-user {name}: no such user") from None
+        if os.geteuid() != 0 and os.geteuid() != entry.pw_uid:
+            # Without root the switch needs CAP_SETUID/CAP_SETGID; Popen says so at the first
+            # attempt otherwise, which would be too late.
+            status = Path("/proc/self/status").read_text()
+            caps = int(next((ln.split()[1] for ln in status.splitlines()
+                             if ln.startswith("CapEff:")), "0"), 16)
+            if not (caps >> 6 & 1 and caps >> 7 & 1):
+                raise RunnerError(f"--agent-user {name}: this runner (uid {os.geteuid()}) may "
+                                  "not start processes as another user (needs root or "
+                                  "CAP_SETUID and CAP_SETGID)")
+        try:
+            owner = os.stat(self.paths.workspace).st_uid
+        except OSError as exc:
+            raise RunnerError(f"{self.paths.workspace}: {exc}") from None
+        if owner != entry.pw_uid:
+            raise RunnerError(f"{self.paths.workspace}: the workspace must belong to the agent "
+                              f"user {name} (it belongs to uid {owner})")
+        python = sendproof.interpreter_for(entry.pw_uid, entry.pw_gid, (
+            sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"))
+        if python is None:
+            raise RunnerError(f"--agent-user {name}: no Python interpreter that user may run "
+                              "(for its send shims)")
+        os.chmod(self.paths.state, 0o711)
+        for path in (self.paths.state / AGENT_DIR, self.paths.outbox, self.paths.notify):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.makedirs(self.paths.state / SHIMS_DIR, mode=0o711, exist_ok=True)
+        os.chmod(self.paths.state / SHIMS_DIR, 0o711)
+        server = sendproof.EvidenceServer(
+            self.paths.state / EVIDENCE_SOCKET,
+            {"reply": self.paths.sends_log, "notify": self.paths.state / "notifies.jsonl"},
+            uid=entry.pw_uid, python=python, log=self.log)
+        self.users = AgentUser(name, entry.pw_uid, entry.pw_gid, entry.pw_dir, python, server)
+        reposync.run_as(entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
     def request_stop(self) -> None:
         """Stop soon: the running attempt's group is ended and the task stays in processing/."""
@@ -583,10 +659,10 @@ class Runner:
                       "stderr": f"attempt-{n}.stderr"},
             "stale_group_killed": killed, "check_leftovers": [], "scope_request": None,
             "note": f"{why}; it counts against max_retries"})
-        calls.remove_shims(task.dir / f"attempt-{n}.shims")
+        calls.remove_shims(self._shim_dir(task, n))
         if write_ledger:  # the turn's line was never written: the runner died before it
             # The calls log survives the runner: the calls made before the crash still count.
-            called, tool_calls = calls.count_calls(task.dir / f"attempt-{n}.calls")
+            called, tool_calls = calls.count_calls(self._calls_log(task, n))
             append_jsonl(self.paths.ledger, ledger_record(
                 agent=self.paths.agent, host=task.config.host, model=task.config.model,
                 task=task.message.id, attempt=n, run=entry["run"],
@@ -599,6 +675,57 @@ class Runner:
         task.progress.save()
         self.log(f"task {task.message.id} attempt {n}: {why} "
                  f"(left-over process group killed: {killed})")
+
+    # -- where the agent's files are (one user, or two: sendproof.py) ------------------------
+
+    @property
+    def _as_user(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` the agent command and the checks run as, or ``None`` (ours)."""
+        return (self.users.uid, self.users.gid) if self.users is not None else None
+
+    @property
+    def _agent_dir(self) -> Path:
+        """What the agent's user may write in the state: ``STATE`` with one user, else
+        ``STATE/agent`` (its own)."""
+        return self.paths.state / AGENT_DIR if self.users is not None else self.paths.state
+
+    @property
+    def _denials_log(self) -> Path:
+        """Where the CLIs record a refusal (they run as the agent's user)."""
+        return self._agent_dir / "denials.jsonl" if self.users is not None \
+            else self.paths.denials_log
+
+    @property
+    def _claimed_sends_log(self) -> Path:
+        """``FLEET_SENDS_LOG``: with two users, only the reply CLI's claim (not evidence);
+        the runner's own ``sends.jsonl`` is written through its socket."""
+        return self._agent_dir / "sends-claimed.jsonl" if self.users is not None \
+            else self.paths.sends_log
+
+    @property
+    def _check_cache(self) -> Path:
+        return self._agent_dir / "check-cache" if self.users is not None \
+            else self.paths.check_cache
+
+    def _agent_files(self, task: _Task) -> Path:
+        """The task's files the agent writes or reads (calls log, MCP config, scope request):
+        ``runs/<task>/`` with one user, ``STATE/agent/<task>/`` (the agent's) with two."""
+        if self.users is None:
+            return task.dir
+        path = self._agent_dir / task.message.id
+        if not path.is_dir():
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chown(path, self.users.uid, self.users.gid)
+        return path
+
+    def _shim_dir(self, task: _Task, n: int) -> Path:
+        """The attempt's shims: readable, never writable, by the agent's user."""
+        if self.users is None:
+            return task.dir / f"attempt-{n}.shims"
+        return self.paths.state / SHIMS_DIR / f"{task.message.id}.{n}"
+
+    def _calls_log(self, task: _Task, n: int) -> Path:
+        return self._agent_files(task) / f"attempt-{n}.calls"
 
     def _agent_env(self, task: _Task, attempt: int, run: str,
                    shim_dir: Path | None = None) -> dict[str, str]:
@@ -614,10 +741,13 @@ class Runner:
             FLEET_ATTEMPT=str(attempt), FLEET_WORKSPACE=os.fspath(self.paths.workspace),
             FLEET_RELEASE=os.fspath(task.release), FLEET_OUTBOX=os.fspath(self.paths.outbox),
             FLEET_NOTIFY_SPOOL=os.fspath(self.paths.notify),
-            FLEET_SENDS_LOG=os.fspath(self.paths.sends_log),
-            FLEET_DENIALS_LOG=os.fspath(self.paths.denials_log))
+            FLEET_SENDS_LOG=os.fspath(self._claimed_sends_log),
+            FLEET_DENIALS_LOG=os.fspath(self._denials_log))
         if task.config.writes is not None:
-            env["FLEET_SCOPE_REQUEST"] = os.fspath(task.dir / scoperequest.REQUEST_FILE)
+            env["FLEET_SCOPE_REQUEST"] = os.fspath(self._agent_files(task)
+                                                   / scoperequest.REQUEST_FILE)
+        if self.users is not None:
+            env.update(HOME=self.users.home, USER=self.users.name, LOGNAME=self.users.name)
         if task.message.channel:
             env["FLEET_CHANNEL"] = task.message.channel
         if task.config.model:
@@ -634,8 +764,10 @@ class Runner:
         try:
             if config.uses_mcp_config:
                 # The via-mcp servers, for the agent CLI (mcpconfig.py); env values stay in it.
-                mcp_config = write_mcp_config(task.dir / f"attempt-{n}.mcp.json",
+                mcp_config = write_mcp_config(self._agent_files(task) / f"attempt-{n}.mcp.json",
                                               config.direct_servers, self.paths.workspace)
+                if self.users is not None:  # the agent CLI reads it as the agent's user
+                    os.chown(mcp_config, self.users.uid, self.users.gid)
             argv = config.argv(mcp_config=mcp_config)
             prefix = build_prefix(config.prompt, config.skills, task.release / "skills",
                                   bridged_servers=config.bridged_servers)
@@ -661,7 +793,7 @@ class Runner:
             prior_commits=prior_commits, since=(start_commit or "")[:12],
             branch=config.sync.branch if config.sync else None,
             writes=config.writes, granted=scoperequest.grants(task.dir)["granted"],
-            scope_file=os.fspath(task.dir / scoperequest.REQUEST_FILE))
+            scope_file=os.fspath(self._agent_files(task) / scoperequest.REQUEST_FILE))
         full_prompt = prefix.text + "\n\n" + task_prompt
         (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
         prefix_tokens, counter, exact = counted_prefix(
@@ -681,24 +813,40 @@ class Runner:
         def on_start(pid: int) -> None:
             entry.update(pid=pid, proc_start=process_start_ticks(pid))
             progress.save()
+            if self.users is not None:
+                self.users.server.expect(task=message.id, run=run, leader=pid, scripts=scripts)
 
-        watch = evidence.DenialWatch(self.paths.denials_log, run)
+        watch = evidence.DenialWatch(self._denials_log, run)
 
         def should_stop() -> str | None:
             return self.stop_reason or watch()
 
-        shim_dir = task.dir / f"attempt-{n}.shims"
-        calls_log = task.dir / f"attempt-{n}.calls"
-        calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
-        started = time.monotonic()
+        shim_dir = self._shim_dir(task, n)
+        calls_log = self._calls_log(task, n)
+        shimmed = calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
         agent_env = self._agent_env(task, n, run, shim_dir)
+        scripts: list[str] = []
+        if self.users is not None:
+            # Sends count only when the runner records them (sendproof.py): the sending CLIs
+            # get a send shim, readable by the agent's user, writable only by the runner.
+            os.chmod(shim_dir, 0o755)
+            for path in shim_dir.iterdir():
+                os.chmod(path, 0o755)
+            os.chown(calls_log, self.users.uid, self.users.gid)
+            scripts = sendproof.write_send_shims(
+                shim_dir, shimmed, python=self.users.python,
+                socket_path=self.paths.state / EVIDENCE_SOCKET, env=agent_env,
+                calls_log=calls_log)
+        started = time.monotonic()
         inv = run_in_group(
             argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
             env=agent_env, timeout_s=config.timeout_s,
             kill_grace_s=self.options.kill_grace_s,
             stdout_path=task.dir / f"attempt-{n}.stdout",
             stderr_path=task.dir / f"attempt-{n}.stderr", on_start=on_start,
-            should_stop=should_stop)
+            should_stop=should_stop, user=self._as_user)
+        if self.users is not None:
+            self.users.server.clear()
         reap_orphans()
         calls.remove_shims(shim_dir)  # the group is gone: no call can come in any more
         called, tool_calls = calls.count_calls(calls_log)
@@ -725,10 +873,11 @@ class Runner:
         if config.writes is not None:
             scope_request = scoperequest.decide(
                 task.dir, n, [*all_changes.added, *all_changes.modified, *all_changes.removed,
-                              *(committed or ())], config.scope_requests)
+                              *(committed or ())], config.scope_requests,
+                request=self._agent_files(task) / scoperequest.REQUEST_FILE)
         # Every place a refusal shows: the CLIs' own record, the agent CLI's structured result
         # and its transcript, and the agent command's exit status 77.
-        denials = evidence.denials_for_run(self.paths.denials_log, run) + report.denials
+        denials = evidence.denials_for_run(self._denials_log, run) + report.denials
         denied = bool(denials) or inv.exit_status == evidence.DENIED_EXIT_STATUS
         if denied and not denials:
             denials = [{"cli": "(agent command)", "what": "the agent command exited with "
@@ -742,7 +891,10 @@ class Runner:
             results = [gates.run_gate(inv, report=report)]
             check_env = gates.check_env({**os.environ, "FLEET_WORKSPACE":
                                          os.fspath(self.paths.workspace)},
-                                        cache_dir=self.paths.check_cache)
+                                        cache_dir=self._check_cache)
+            if self.users is not None:
+                check_env.update(HOME=self.users.home, USER=self.users.name,
+                                 LOGNAME=self.users.name)
             for i, spec in enumerate(config.checks or (None,)):
                 results.append(gates.check_gate(
                     spec, self.paths.workspace, changes.touched,
@@ -750,7 +902,8 @@ class Runner:
                     kill_grace_s=self.options.kill_grace_s,
                     output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
                                             else f"attempt-{n}.check-{i + 1}.out"),
-                    env=check_env, should_stop=lambda: self.stop_reason))
+                    env=check_env, should_stop=lambda: self.stop_reason,
+                    user=self._as_user))
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
@@ -842,7 +995,7 @@ class Runner:
         if not stray:
             return result
         undone = undo_changes(self.paths.workspace, stray, task.baseline,
-                              task.dir / BASELINE_STORE)
+                              task.dir / BASELINE_STORE, owner=self._as_user)
         details = {**result.details, "undone": undone.undone[:gates.LIST_MAX],
                    "undone_count": len(undone.undone), "undo_failed": undone.failed}
         text = result.output.replace(

@@ -135,8 +135,22 @@ class SyncResult:
                 "detail": self.detail, "recovered": self.recovered}
 
 
+_RUN_AS: dict[str, Any] = {}
+"""``subprocess`` arguments that run git as the agent's user (:func:`run_as`), or none."""
+_HOME: dict[str, str] = {}
+
+
+def run_as(uid: int, gid: int, home: str) -> None:
+    """Run every git command of this module as user ``uid`` (group ``gid``, ``HOME``
+    ``home``): the workspace belongs to the agent's user, and its objects and index must stay
+    its own (two users: docs/runner.md)."""
+    _RUN_AS.update(user=uid, group=gid, extra_groups=[])
+    _HOME.update(HOME=home)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env.update(_HOME)
     env.update(GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_SEQUENCE_EDITOR="true",
                GIT_MERGE_AUTOEDIT="no", LC_ALL="C")
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
@@ -155,7 +169,8 @@ def git(workspace: Path, *args: str, check: bool = True,
             "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args]
     try:
         done = subprocess.run(argv, cwd=workspace, env=_env(), capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL)
+                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL,
+                              **_RUN_AS)
     except FileNotFoundError:
         raise GitError("git is not installed") from None
     except subprocess.TimeoutExpired:
@@ -328,7 +343,8 @@ def _untracked_collisions(workspace: Path, stash_id: str) -> dict[str, list[str]
             continue
         stashed = subprocess.run(
             ["git", "cat-file", "blob", f"{stash_id}^3:{rel}"], cwd=workspace, env=_env(),
-            capture_output=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            capture_output=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False,
+            **_RUN_AS)
         try:
             same = stashed.returncode == 0 and not os.path.islink(path) and \
                 Path(path).read_bytes() == stashed.stdout

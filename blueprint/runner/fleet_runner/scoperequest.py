@@ -58,7 +58,8 @@ def grants(task_dir: Path) -> dict[str, Any]:
 
 
 def decide(task_dir: Path, attempt: int, changed: Iterable[str],
-           requestable: Sequence[str] | None) -> dict[str, Any] | None:
+           requestable: Sequence[str] | None, request: Path | None = None
+           ) -> dict[str, Any] | None:
     """Read and decide the request file left by attempt ``attempt``, if any.
 
     Args:
@@ -67,12 +68,14 @@ def decide(task_dir: Path, attempt: int, changed: Iterable[str],
         changed: every path the task changed so far (work tree and commits).
         requestable: the role's ``scope_requests`` patterns, or ``None`` (nothing can be
             granted).
+        request: the request file (default ``task_dir/scope-request.json``; with two users it
+            is in the agent's directory).
 
     Returns:
         ``None`` when there was no request; else ``{"paths", "why", "granted", "denied"}``
         (``denied``: ``{"path", "why"}`` each), also added to the task's grants file.
     """
-    source = Path(task_dir) / REQUEST_FILE
+    source = Path(request) if request is not None else Path(task_dir) / REQUEST_FILE
     if not os.path.lexists(source):
         return None
     kept = Path(task_dir) / f"attempt-{attempt}.{REQUEST_FILE}"

@@ -103,7 +103,20 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _put_back(workspace: Path, rel: str, print_: str, store: Path) -> None:
+def _makedirs(path: str, owner: tuple[int, int] | None) -> None:
+    """Create ``path`` and its missing parents, each given to ``owner``."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        os.mkdir(directory)
+        if owner is not None:
+            os.chown(directory, *owner)
+
+
+def _put_back(workspace: Path, rel: str, print_: str, store: Path,
+              owner: tuple[int, int] | None = None) -> None:
     """Write ``rel`` back to the baseline state ``print_``.
 
     Raises:
@@ -113,8 +126,10 @@ def _put_back(workspace: Path, rel: str, print_: str, store: Path) -> None:
     if print_.startswith("link:"):
         if os.path.lexists(path):
             _remove(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _makedirs(os.path.dirname(path), owner)
         os.symlink(print_[len("link:"):], path)
+        if owner is not None:
+            os.lchown(path, *owner)
         return
     if not print_.startswith("sha256:"):
         raise OSError(f"its baseline ({print_.split(':')[0]}) is not a file the runner can "
@@ -124,9 +139,11 @@ def _put_back(workspace: Path, rel: str, print_: str, store: Path) -> None:
     if not copy.is_file():
         raise OSError("no copy of its baseline content was kept (too large, unreadable, or a "
                       "baseline from an older runner)")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _makedirs(os.path.dirname(path), owner)
     tmp = os.path.join(os.path.dirname(path), f".fleet-runner-undo.{os.getpid()}.tmp")
     shutil.copyfile(copy, tmp)
+    if owner is not None:
+        os.chown(tmp, *owner)  # before the mode: chown clears setuid and setgid bits
     os.chmod(tmp, int(mode, 8) if mode else 0o644)
     if os.path.lexists(path) and stat.S_ISDIR(os.lstat(path).st_mode):
         shutil.rmtree(path)
@@ -134,7 +151,7 @@ def _put_back(workspace: Path, rel: str, print_: str, store: Path) -> None:
 
 
 def undo_changes(workspace: Path, paths: Sequence[str], baseline: dict[str, str],
-                 store: Path) -> UndoResult:
+                 store: Path, owner: tuple[int, int] | None = None) -> UndoResult:
     """Put each of ``paths`` back as in ``baseline``, then read each back (module docstring).
 
     Args:
@@ -142,6 +159,8 @@ def undo_changes(workspace: Path, paths: Sequence[str], baseline: dict[str, str]
         paths: workspace-relative paths the run changed outside its scope.
         baseline: the task's baseline snapshot.
         store: the baseline's copies (:func:`store_baseline`).
+        owner: ``(uid, gid)`` to give what is written back (the agent's user, when the runner
+            runs as another), or ``None``: the runner's.
 
     Never raises: a path that cannot be put back is in ``failed`` with the reason.
     """
@@ -159,7 +178,7 @@ def undo_changes(workspace: Path, paths: Sequence[str], baseline: dict[str, str]
                 if os.path.lexists(path):
                     _remove(path)
             else:
-                _put_back(workspace, rel, baseline[rel], store)
+                _put_back(workspace, rel, baseline[rel], store, owner)
         except OSError as exc:
             result.failed.append(f"{rel}: {exc.strerror or exc}")
             continue
