@@ -1,6 +1,7 @@
 """Parsing a checker's output into diagnostics (path, line, column, severity, message).
 
-Formats understood (stdout and stderr are read together, line by line):
+Formats understood (stdout and stderr are read together, line by line, after terminal escape
+sequences are stripped: :func:`strip_ansi`):
 
 ``gnu``      ``path:line:col: message`` and ``path:line: message``. Emitted by ruff
              (``--output-format concise``), flake8, pyflakes, mypy (with or without
@@ -8,15 +9,23 @@ Formats understood (stdout and stderr are read together, line by line):
 ``paren``    ``path(line,col): message``: ``tsc --pretty false``.
 ``arrow``    a header line ``CODE message`` followed by a location line ``--> path:line:col``:
              ruff's default ``full`` format.
+``tsc-pretty`` ``path:line:col - error TS...: message``, then a numbered code frame (its lines
+             starting with a number, and ``~`` underlines, are context): tsc with ``pretty``.
+``stylish``  a line naming a file, then indented ``line:col  error|warning  message  rule``
+             rows: eslint's default format (a row with no file line above it is unparsed).
 
 Lines that are understood but carry no diagnostic, and so never count as unparsed:
 blank lines; lines starting with whitespace or a ``|`` code-frame gutter (source excerpts,
 carets, continuations); ``help:``/``note:``/``hint:``/``info:`` lines; and the summaries
 ``Found N errors``, ``[*] N fixable ...``, ``No fixes available ...``, ``All checks passed!``
-(ruff), ``Success: no issues found ...`` (mypy), ``N problems`` (eslint), ``In file included
+(ruff), ``Success: no issues found ...`` (mypy), ``N problems`` and ``✖ N problems (...)``
+(eslint), ``Errors  Files`` (tsc), ``In file included
 from ...``, ``path: In function ...:``, ``path: At top level:``, ``compilation terminated.``
 (gcc), ``N errors generated.`` (clang). Every other line is *unparsed*; the check gate treats
-unparsed output of a failing checker as a failure.
+unparsed output of a failing checker as a fault (it cannot judge it).
+
+:func:`place` puts a printed path in the workspace (relative to the checker's directory,
+``./``, ``..``, absolute, through symlinks, backslashes) or says it cannot be placed.
 
 Severity: a message starting with ``error``/``fatal error`` (or an eslint ``[Error/...]``
 suffix) is an error; ``warning`` (or ``[Warning/...]``) a warning; ``note``, ``info``,
@@ -24,7 +33,7 @@ suffix) is an error; ``warning`` (or ``[Warning/...]``) a warning; ``note``, ``i
 pyflakes codes such as ``F401``) an error.
 
 Test runners (pytest, go test) do not print their failures in these formats: a failing test
-command leaves unparsed lines, so its failure always fails the gate (never "existing debt").
+command leaves unparsed lines, so it is declared ``format: exit`` (its exit status decides).
 """
 
 from __future__ import annotations
