@@ -6,15 +6,19 @@ words are never a success signal.
 
 ``run``
     the agent command itself: fails when it could not start, timed out, was killed by a signal
-    or exited non-zero (a crashed run is not a finished one). Passing it proves nothing else.
+    or exited non-zero (a crashed run is not a finished one), when the agent CLI's own result
+    says ``is_error`` or when it printed nothing (:mod:`fleet_runner.agentresult`). Passing it
+    proves nothing else.
 ``check``
-    the role's check command (``sh -c``, in the workspace, its own process group and timeout),
-    diff-aware: only errors in files the task changed fail it. Rules, in order:
-    the checker timed out or could not start → fail; exit 0 → pass (diagnostics in changed
-    files are listed as warnings); otherwise an error diagnostic in a changed file → fail; no
-    diagnostic at all, or lines the parser does not understand → fail ("unparseable"); else
-    pass, the diagnostics being *existing debt* in untouched files. Paths are compared after
-    normalisation (:func:`fleet_runner.checkparse.path_keys`). Skipped when no check is set.
+    one result per declared check (``sh -c``, in the check's ``cwd``, its own process group
+    and timeout, plain output forced: :func:`check_env`), diff-aware: only errors placed in
+    files the task changed fail it. Rules, in order: the command cannot run (could not start,
+    exit 126 or 127) → **fault**; timed out or killed → fail; exit 0 → pass; format ``exit``
+    → fail; an error in a changed file → fail (the feedback lists only those, with
+    workspace-relative paths); an error whose path cannot be placed in the workspace
+    (:func:`fleet_runner.checkparse.place`) → fault; no diagnostic, or lines the parser does
+    not understand → fault; else pass, the errors being *existing debt*. A fault
+    (``details["fault"]``) is the host's or the role's: the task stops and is escalated.
 ``anti-silence``
     for a task from a human: the reply CLI must have recorded a send for the task. Skipped for
     a task from an agent.
@@ -26,7 +30,8 @@ words are never a success signal.
     (:func:`fleet_runner.reposync.committed_paths`), must be inside the role's ``writes``
     patterns (:mod:`fleet_runner.scope`; a path in a ``.git`` directory only through a pattern
     naming ``.git``); fails listing those outside, and when the commits cannot be read.
-    Skipped when ``writes`` is unset.
+    Skipped when ``writes`` is unset. The runner then undoes what is outside
+    (:mod:`fleet_runner.undo`).
 """
 
 from __future__ import annotations
@@ -167,7 +172,10 @@ def place_diagnostics(diagnostics: Sequence[Diagnostic], touched: Sequence[str],
     for rel in touched:
         for key in workspace_keys(rel, ws):
             owner.setdefault(key, rel)
-    inside, outside, unplaced, where = [], [], [], {}
+    inside: list[Diagnostic] = []
+    outside: list[Diagnostic] = []
+    unplaced: list[Diagnostic] = []
+    where: dict[int, str] = {}
     for diag in diagnostics:
         forms = place(diag.path, os.fspath(cwd), ws)
         if forms is None:

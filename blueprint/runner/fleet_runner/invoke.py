@@ -325,11 +325,11 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         out = files.enter_context(open(stdout_path, "wb"))
         err = files.enter_context(open(stderr_path, "wb")) if stderr_path else subprocess.STDOUT
         try:
-            as_user = {} if user is None else {"user": user[0], "group": user[1],
-                                               "extra_groups": []}
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd,
                                     env=dict(env), start_new_session=True, close_fds=True,
-                                    **as_user)
+                                    user=user[0] if user else None,
+                                    group=user[1] if user else None,
+                                    extra_groups=[] if user else None)
         except OSError as exc:
             return Invocation(argv, None, None, None, None, False, True,
                               f"{exc.strerror or exc} ({argv[0]})", 0.0, Path(stdout_path),

@@ -1,6 +1,7 @@
 """The outer loop: take one message, attempt the task, verify, retry or finish, never silently.
 
-For each message, oldest first, one at a time:
+For each message, oldest first, one at a time (none while a standing denial waits for a
+person: :mod:`fleet_runner.standing`):
 
 1. read it, claim it (``inbox/ → processing/``) and parse it; a message that cannot be read or
    claimed now (an ``OSError``) stays in the inbox, is logged (at most every
@@ -18,10 +19,14 @@ For each message, oldest first, one at a time:
    ``via: bridge`` MCP server) and the task prompt, write the attempt's MCP config file for the
    ``via: mcp`` servers when ``agent_command`` asks for it (:mod:`fleet_runner.mcpconfig`), run
    the agent command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
-   snapshot, write the ledger line, then either stop at once on a permission denial or run
-   every gate and write the run record; a pass finishes the task;
+   snapshot, write the ledger line, read the agent CLI's own result
+   (:mod:`fleet_runner.agentresult`), then either stop at once on a permission denial (from a
+   CLI, the result or the transcript; it becomes a standing denial) or run every gate (what
+   is outside the write scope is undone: :mod:`fleet_runner.undo`) and write the run record;
+   a pass finishes the task, a fault of a check (it cannot run, or its output cannot be read
+   or placed) stops it at once, a failure waits the bounded back-off and retries;
 4. when the last attempt failed: escalate through notify (task, failed verifications and
-   interrupted attempts counted apart, last failure), clear the task
+   interrupted attempts counted apart, last failure, every attempt's reason), clear the task
    (``processing/ → failed/``), and go on with the next message.
 
 Between tasks (after one is decided, and when the inbox is empty) the caller may ask for a

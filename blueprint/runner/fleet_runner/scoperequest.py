@@ -86,7 +86,8 @@ def decide(task_dir: Path, attempt: int, changed: Iterable[str],
     except (OSError, ValueError):
         data = None
     paths = data.get("paths") if isinstance(data, dict) else None
-    why = data.get("why") if isinstance(data, dict) and isinstance(data.get("why"), str) else ""
+    why = data.get("why") if isinstance(data, dict) else None
+    why = why if isinstance(why, str) else ""
     decision: dict[str, Any] = {"paths": [], "why": why[:500], "granted": [], "denied": []}
     if not (isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths)):
         decision["denied"].append({"path": None, "why": f"{REQUEST_FILE} is not JSON of the "
