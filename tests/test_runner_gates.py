@@ -128,8 +128,7 @@ def test_tsc_in_its_directory_with_pretty_colour_output(scripted):
 
 def test_a_check_that_cannot_run_escalates_at_once(scripted):
     fleet = scripted([[{"write": "a.py", "text": GOOD_PY}, {"print": "done"}]],
-                     role={"checks": [{"command": "ruff-is-not-installed check ."}]},
-                     max_retries=3)
+                     check="ruff-is-not-installed check .", max_retries=3)
     fleet.drop("c4", kind="agent", channel=None)
     assert fleet.run().returncode == 0
     assert len(fleet.events("start")) == 1  # not four model runs
@@ -176,8 +175,7 @@ def test_mypy_cache_written_by_the_check_is_not_the_agents_change(scripted):
     mypy = f"{_need(MYPY)} --cache-dir .mypy_cache --ignore-missing-imports pkg"
     fleet = scripted([[{"write": "pkg/a.py", "text": "x: int = 'a'\n"}, {"print": "done"}],
                       [{"write": "pkg/a.py", "text": "x: int = 1\n"}, {"print": "done"}]],
-                     role={"checks": [{"command": mypy, "format": "mypy"}],
-                           "writes": ["pkg/"]}, max_retries=1)
+                     check=mypy, role={"writes": ["pkg/"]}, max_retries=1)
     fleet.drop("c7", kind="agent", channel=None)
     assert fleet.run().returncode == 0
     assert fleet.record("c7", 1)["verdict"] == "fail"
