@@ -476,3 +476,42 @@ def test_denied_scope_requests_are_in_the_escalation(scripted):
     [notice] = fleet.notices()
     assert "Scope requests denied:" in notice["reason"]
     assert "etc/app.conf: this role grants no scope on request" in notice["reason"]
+
+
+def _host_offers_a_cgroup() -> bool:
+    """Whether this process may create a cgroup2 below its own (read from /proc here)."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    mount = next((ln.split()[4] for ln in mounts if " - cgroup2 " in ln), None)
+    own = next((ln[3:].strip() for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                if ln.startswith("0::")), None)
+    if mount is None or own is None:
+        return False
+    probe = os.path.join(mount, own.lstrip("/"), f"t14-probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
+
+
+def _run_cgroups() -> set[str]:
+    mount = next((ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+                  if " - cgroup2 " in ln), None)
+    if mount is None:
+        return set()
+    return {os.path.join(d, n) for d, dirs, _ in os.walk(mount) for n in dirs
+            if n.startswith("fleet-run-")}
+
+
+def test_a_run_is_contained_in_its_own_cgroup_where_the_host_offers_one(scripted):
+    fleet = scripted([[{"escape": 300}, {"print": "done"}]])
+    fleet.drop("p3", kind="agent", channel=None)
+    before = _run_cgroups()
+    assert fleet.run().returncode == 0
+    escaped = fleet.wait_for("escaped", timeout=0)
+    assert not _alive(escaped["grandchild"])
+    invocation = fleet.record("p3", 1)["invocation"]
+    assert invocation["containment"] == ("cgroup" if _host_offers_a_cgroup() else "process-tree")
+    assert [k["pid"] for k in invocation["escaped_killed"]] == [escaped["grandchild"]]
+    assert not (_run_cgroups() - before)  # each run's cgroup is removed once empty

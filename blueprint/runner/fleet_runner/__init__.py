@@ -14,6 +14,7 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.mcpconfig`  the role's ``via: mcp`` servers, written per attempt into the
                                   MCP config file ``{mcp_config}`` names in the agent command
 - :mod:`fleet_runner.invoke`     a command in its own process group, with a wall-clock timeout
+- :mod:`fleet_runner.cgroup`     a cgroup per run, where the host offers one
 - :mod:`fleet_runner.snapshot`   sha256 snapshots of the workspace and their difference
 - :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed, and each
                                   printed path placed in the workspace

@@ -20,8 +20,10 @@ not contain a run. Every descendant is also followed by its parentage: while the
 its process tree (``/proc``) is read at every poll, and once the group is gone every process
 seen in that tree, and every child of this process that started during the run (an orphan
 reparented to the subreaper), is killed (SIGKILL) with all its own descendants and reaped. The
-record lists each one (``escaped_killed``: pid and command line). The systemd unit
-(``KillMode=control-group``) also ends anything left when the service stops.
+record lists each one (``escaped_killed``: pid and command line). Where the host offers
+one, each run also gets its own cgroup (:mod:`fleet_runner.cgroup`), which no process can leave:
+what is still in it is killed first. The systemd unit (``KillMode=control-group``) also ends
+anything left when the service stops.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from fleet_runner import cgroup
 
 PR_SET_CHILD_SUBREAPER = 36
 REAP_WAIT_S = 5.0
@@ -62,6 +66,9 @@ class Invocation:
         limit_s: the wall-clock limit it ran with.
         escaped_killed: descendants that had left the group and had to be killed, each
             ``{"pid", "cmd"}``.
+        containment: ``"cgroup"`` (the run had its own cgroup: :mod:`fleet_runner.cgroup`)
+            or ``"process-tree"`` (the group, the subreaper and ``/proc`` only); ``None``
+            when it never ran.
     """
 
     argv: tuple[str, ...]
@@ -77,6 +84,7 @@ class Invocation:
     stderr_path: Path | None
     limit_s: float | None = None
     escaped_killed: tuple[dict, ...] = ()
+    containment: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -104,7 +112,7 @@ class Invocation:
                 "stopped": self.stopped, "timed_out": self.timed_out,
                 "leftovers_killed": self.leftovers_killed, "group_gone": self.group_gone,
                 "start_error": self.start_error, "duration_s": round(self.duration_s, 3),
-                "escaped_killed": list(self.escaped_killed),
+                "escaped_killed": list(self.escaped_killed), "containment": self.containment,
                 "outcome": self.describe()}
 
 
@@ -335,6 +343,10 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
                               f"{exc.strerror or exc} ({argv[0]})", 0.0, Path(stdout_path),
                               Path(stderr_path) if stderr_path else None)
     pgid = proc.pid
+    run_cgroup = cgroup.create()  # where the host offers one: nothing can leave it
+    if run_cgroup is not None and not run_cgroup.add(pgid):
+        run_cgroup.remove()
+        run_cgroup = None
     since_ticks = process_start_ticks(pgid)
     seen: dict[int, int] = {}  # every descendant seen while it ran: pid -> start ticks
     if on_start is not None:
@@ -367,7 +379,13 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
     duration = time.monotonic() - started
     leftovers = not stopped and group_alive(pgid)
     gone = reap_group(pgid)
-    escaped = _end_escaped(seen, since_ticks)  # the group is gone: what is left escaped it
+    # The group is gone: what is left escaped it. The cgroup holds all of it; the process tree
+    # seen and the subreaper's children catch what started before the move into it.
+    escaped = run_cgroup.kill() if run_cgroup is not None else []
+    if run_cgroup is not None:
+        run_cgroup.remove()
+    known = {e["pid"] for e in escaped}
+    escaped += [e for e in _end_escaped(seen, since_ticks) if e["pid"] not in known]
     feeder.join(timeout=1.0)
     status = proc.returncode
     return Invocation(
@@ -377,7 +395,8 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         stopped=stopped, leftovers_killed=leftovers, group_gone=gone, start_error=None,
         duration_s=duration, stdout_path=Path(stdout_path),
         stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s,
-        escaped_killed=tuple(escaped))
+        escaped_killed=tuple(escaped),
+        containment="cgroup" if run_cgroup is not None else "process-tree")
 
 
 def _children(pid: int) -> list[int] | None:
