@@ -515,3 +515,23 @@ def test_a_run_is_contained_in_its_own_cgroup_where_the_host_offers_one(scripted
     assert invocation["containment"] == ("cgroup" if _host_offers_a_cgroup() else "process-tree")
     assert [k["pid"] for k in invocation["escaped_killed"]] == [escaped["grandchild"]]
     assert not (_run_cgroups() - before)  # each run's cgroup is removed once empty
+
+
+@pytest.mark.skipif(not _host_offers_a_cgroup(), reason="the host offers no cgroup2 to create")
+def test_what_escaped_a_runner_that_died_is_ended_by_its_next_start(scripted):
+    import signal as _signal
+
+    fleet = scripted([[{"escape": 300}, {"sleep": 60}], [{"print": "done"}]], max_retries=1)
+    fleet.drop("p4", kind="agent", channel=None)
+    runner = fleet.start()
+    escaped = fleet.wait_for("escaped")
+    runner.send_signal(_signal.SIGKILL)  # no cleanup at all
+    runner.wait(timeout=10)
+    assert _alive(escaped["grandchild"])  # out of the group, its runner gone
+    again = fleet.run()
+    assert again.returncode == 0, again.stderr
+    assert not _alive(escaped["grandchild"])
+    assert "removed the run cgroup fleet-run-a1-" in again.stderr
+    # Both were still in the dead runner's cgroup: the agent (asleep) and its grandchild.
+    assert "(2 process(es) killed in it)" in again.stderr
+    assert fleet.where("p4") == ["done"]

@@ -3,10 +3,14 @@
 A process can leave its process group (``setsid``) and its parent (a double fork), but not
 its cgroup: only a process allowed to write a ``cgroup.procs`` file may move it. So when the
 host lets the runner create a cgroup (version 2) below its own, every run of a command gets
-one (``fleet-run-PID-N``), the command is moved into it as soon as it has started, and
+one (``fleet-run-AGENT-PID-N``), the command is moved into it as soon as it has started, and
 everything it starts is born there. When the command is over, every process still in it is
 listed (pid and command line, for the run record) and killed at once (``cgroup.kill``, Linux
 5.14; else SIGKILL to each), and the cgroup removed once empty.
+
+A runner that died leaves its run's cgroup behind, maybe with processes in it: the agent's
+next runner removes those of its agent whose runner is gone (:func:`sweep`), killing what is
+left in them, when it starts.
 
 The host offers one when a cgroup2 hierarchy is mounted (``/proc/self/mountinfo``) and the
 runner may create a directory in its own cgroup there (``/proc/self/cgroup``: root, or a
@@ -29,6 +33,13 @@ WAIT_S = 5.0
 """Seconds to wait for a killed cgroup to be empty."""
 _COUNTER = itertools.count(1)
 _BASE: list[Path | None] = []  # memo of :func:`base` ([] until first asked)
+_OWNER = ["-"]  # the agent this process runs for (:func:`set_owner`)
+PREFIX = "fleet-run-"
+
+
+def set_owner(agent: str) -> None:
+    """Name this process's run cgroups for ``agent`` (so its next runner can sweep them)."""
+    _OWNER[0] = agent
 
 
 def _mount_point() -> Path | None:
@@ -137,9 +148,38 @@ def create() -> RunCgroup | None:
     where = base()
     if where is None:
         return None
-    path = where / f"fleet-run-{os.getpid()}-{next(_COUNTER)}"
+    path = where / f"{PREFIX}{_OWNER[0]}-{os.getpid()}-{next(_COUNTER)}"
     try:
         os.mkdir(path)
     except OSError:
         return None
     return RunCgroup(path)
+
+
+def sweep(agent: str) -> list[dict]:
+    """Remove the run cgroups of ``agent`` whose runner process is gone, killing what is still
+    in them; return ``{"cgroup", "killed"}`` for each removed (nothing without a cgroup base).
+    A runner whose pid is alive (even reused by another process) is left alone."""
+    where = base()
+    if where is None:
+        return []
+    out = []
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return []
+    for name in names:
+        if not name.startswith(f"{PREFIX}{agent}-"):
+            continue
+        try:
+            owner, pid, _ = name[len(PREFIX):].rsplit("-", 2)
+            alive = owner == agent and os.path.exists(f"/proc/{int(pid)}")
+        except ValueError:
+            continue
+        if owner != agent or alive:
+            continue
+        stale = RunCgroup(where / name)
+        killed = stale.kill()
+        stale.remove()
+        out.append({"cgroup": name, "killed": killed})
+    return out

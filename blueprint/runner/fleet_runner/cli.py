@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fleet_runner import standing
+from fleet_runner import cgroup, standing
 from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions
@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_LOCKED
     become_subreaper()
+    cgroup.set_owner(args.agent)
+    for swept in cgroup.sweep(args.agent):  # run cgroups an earlier runner left behind
+        print(f"fleet-runner[{args.agent}]: removed the run cgroup {swept['cgroup']} of a "
+              f"runner that is gone ({len(swept['killed'])} process(es) killed in it)",
+              file=sys.stderr, flush=True)
     runner = Runner(paths, RunnerOptions(kill_grace_s=args.kill_grace_s,
                                          check_timeout_s=args.check_timeout_s,
                                          poll_s=args.poll_s,
