@@ -535,3 +535,25 @@ def test_what_escaped_a_runner_that_died_is_ended_by_its_next_start(scripted):
     # Both were still in the dead runner's cgroup: the agent (asleep) and its grandchild.
     assert "(2 process(es) killed in it)" in again.stderr
     assert fleet.where("p4") == ["done"]
+
+
+def test_a_refused_tool_call_is_named_by_the_tool_use_it_answers(tmp_path):
+    from fleet_runner.agentresult import read_agent_report
+
+    lines = [
+        {"type": "assistant", "message": {"content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "Write",
+             "input": {"file_path": "/etc/hosts"}}]}},
+        {"type": "user", "message": {"content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": "Claude requested permissions to write to /etc/hosts, but you "
+                        "haven't granted it yet."}]}},
+        {"type": "user", "message": {"content": [  # an ordinary failure: not a denial
+            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+             "content": "Exit code 1: no such file"}]}},
+        {"type": "result", "subtype": "success", "is_error": False, "result": "done"}]
+    out = tmp_path / "out"
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = read_agent_report(out, {})
+    assert [(d["permission"], d["source"]) for d in report.denials] == [
+        ("tool:Write", "stdout-transcript")]

@@ -34,8 +34,10 @@ AGENT_CLI = "(agent CLI)"
 TRANSCRIPT_MAX_BYTES = 32 << 20
 """A transcript larger than this is read only up to it."""
 _DENIAL_TEXT = re.compile(
-    r"requested permissions? to use (?P<tool>[\w.:-]+)|haven't granted it yet"
+    r"requested permissions? to (?:use (?P<tool>[\w.:-]+)|(?P<verb>write to|edit|read)\b)"
+    r"|haven't granted it yet"
     r"|[Pp]ermission to use (?P<tool2>[\w.:-]+)[^\n]{0,200}? (?:has been|was) denied")
+_VERB_TOOL = {"write to": "Write", "edit": "Edit", "read": "Read"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,27 +117,37 @@ def _result_denials(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _transcript_denials(entries: Iterator[dict[str, Any]], source: str) -> list[dict[str, Any]]:
-    """Refused tool calls in transcript entries (``tool_result`` blocks with ``is_error``)."""
+    """Refused tool calls in transcript entries: ``tool_result`` blocks with ``is_error`` whose
+    text says the permission was refused, named by the ``tool_use`` block they answer (else by
+    the text)."""
+    entries = list(entries)
+    names: dict[str, str] = {}
+    for entry in entries:
+        for block in _blocks(entry):
+            if block.get("type") == "tool_use" and isinstance(block.get("id"), str):
+                names[block["id"]] = str(block.get("name") or "?")
     out = []
     for entry in entries:
-        message = entry.get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for block in content:
-            if not (isinstance(block, dict) and block.get("type") == "tool_result"
-                    and block.get("is_error")):
+        for block in _blocks(entry):
+            if not (block.get("type") == "tool_result" and block.get("is_error")):
                 continue
             text = block.get("content")
             if isinstance(text, list):
                 text = " ".join(str(b.get("text", "")) for b in text if isinstance(b, dict))
             match = _DENIAL_TEXT.search(str(text or ""))
             if match:
-                tool = match.group("tool") or match.group("tool2") or "?"
+                tool = names.get(str(block.get("tool_use_id"))) or match.group("tool") \
+                    or match.group("tool2") or _VERB_TOOL.get(match.group("verb") or "", "?")
                 out.append({"cli": AGENT_CLI, "what": f"{tool} (refused tool call)",
                             "detail": str(text)[:300], "source": source,
                             "permission": f"tool:{tool}"})
     return out
+
+
+def _blocks(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def transcript_path(session_id: str, env: Mapping[str, str]) -> Path | None:
