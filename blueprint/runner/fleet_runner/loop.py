@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -350,13 +351,18 @@ class Runner:
                 return True
         return False
 
+    def _clear_command(self) -> str:
+        """How a person clears a standing denial (``PERMISSION`` to be filled in, quoted)."""
+        return CLEAR_COMMAND.format(agent=shlex.quote(self.paths.agent),
+                                    root=shlex.quote(os.fspath(self.paths.root)))
+
     def _note_held(self, held: list[dict[str, Any]]) -> None:
         """Log once per set of standing denials that new tasks wait for a person."""
         names = ", ".join(str(d.get("permission")) for d in held)
         if names == self._held:
             return
         self._held = names
-        clear = CLEAR_COMMAND.format(agent=self.paths.agent, root=self.paths.root)
+        clear = self._clear_command()
         self.log(f"standing denial(s) {names}: no new task starts until a person clears each "
                  f"(messages wait in the inbox): {clear}")
 
@@ -1064,14 +1070,14 @@ class Runner:
             blocked = "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
                                 + (f" ({d['detail']})" if d.get("detail") else "")
                                 for d in last.get("denials", []))
-            clear = CLEAR_COMMAND.format(agent=self.paths.agent, root=self.paths.root)
+            clear = self._clear_command()
             held = standing.record(self.paths.standing_denials, last.get("denials", []),
                                    task=task.message.id, run=str(last.get("run")), clear=clear)
             final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
                                f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
                                f"Standing denial(s) {', '.join(held)}: no new task of this "
                                f"agent starts until a person clears each: "
-                               + "; ".join(clear.replace("PERMISSION", p) for p in held)
+                               + "; ".join(clear.replace("PERMISSION", shlex.quote(p)) for p in held)
                                + f"\nAttempts:\n{history}")
             final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run
         if not path.exists():
             write_json_atomic(path, {"permission": permission, "task": task, "run": run,
                                      "what": denial.get("what"), "time": now_iso(),
-                                     "clear": clear.replace("PERMISSION", permission)})
+                                     "clear": clear.replace("PERMISSION", shlex.quote(permission))})
     return out
 
 
