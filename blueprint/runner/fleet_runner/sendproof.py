@@ -46,6 +46,8 @@ PINNED = ("FLEET_OUTBOX", "FLEET_NOTIFY_SPOOL", "FLEET_TASK_ID", "FLEET_RUN_ID",
           "FLEET_SENDS_LOG", "FLEET_DENIALS_LOG")
 """Variables a send shim sets to the runner's values whatever the caller's environment."""
 REPORT_MAX_BYTES = 8192
+SOCKET_PATH_MAX_BYTES = 107
+"""The longest path a Unix socket can be bound to on Linux (``sun_path`` less its NUL)."""
 
 _SH = """#!/bin/sh
 # fleet-runner send shim: runs {name} and has the runner record what it sent.
@@ -205,6 +207,9 @@ class EvidenceServer:
         uid: the agent user's uid (the only peer accepted).
         python: the interpreter the shims run with.
         log: where to say what was refused (the runner's log).
+
+    Raises:
+        OSError: the socket cannot be bound (its path too long, or not writable).
     """
 
     def __init__(self, socket_path: Path, logs: Mapping[str, Path], *, uid: int, python: str,
@@ -216,6 +221,9 @@ class EvidenceServer:
         self._log = log or (lambda text: None)
         self._lock = threading.Lock()
         self._expect: dict[str, Any] | None = None
+        if len(os.fsencode(self.path)) > SOCKET_PATH_MAX_BYTES:
+            raise OSError(f"{self.path}: too long for a Unix socket (at most "
+                          f"{SOCKET_PATH_MAX_BYTES} bytes): give a shorter --state-dir")
         if os.path.lexists(self.path):
             os.unlink(self.path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
