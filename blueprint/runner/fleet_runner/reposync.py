@@ -632,7 +632,8 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
         if not ours:
             listed = [f"{v[:2]} {p}" for p, v in sorted(dirty.items())]
             return SyncResult(
-                REFUSED, f"the workspace has {len(dirty)} uncommitted change(s) the runner did "
+                REFUSED, f"the workspace (HEAD at {before[:12]} on {sync.branch}) has "
+                f"{len(dirty)} uncommitted change(s) the runner did "
                 "not make (" + ", ".join(p for p in sorted(dirty)[:5])
                 + (" ..." if len(dirty) > 5 else "") + "); nothing was touched, so no commit "
                 "lands on top of a person's work",
