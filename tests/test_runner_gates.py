@@ -557,3 +557,18 @@ def test_a_refused_tool_call_is_named_by_the_tool_use_it_answers(tmp_path):
     report = read_agent_report(out, {})
     assert [(d["permission"], d["source"]) for d in report.denials] == [
         ("tool:Write", "stdout-transcript")]
+
+
+def test_a_check_directory_the_task_removed_is_a_failure_not_a_fault(scripted):
+    fleet = scripted([[{"remove": "lib"}, {"print": "done"}],
+                      [{"write": "lib/b.py", "text": "GOOD = 1\n"}, {"print": "done"}]],
+                     role={"checks": [{"cwd": "lib", "command": str(FAKES / "badcheck"),
+                                       "format": "gnu"}]},
+                     max_retries=1, workspace_files={"lib/b.py": "GOOD = 0\n"})
+    fleet.drop("c9", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    first = fleet.gate("c9", 1, "check")
+    assert first["status"] == "fail" and first["details"]["fault"] is False
+    assert "this task removed its directory lib" in first["summary"]
+    assert fleet.record("c9", 2)["verdict"] == "pass"  # retried, and put back
+    assert fleet.where("c9") == ["done"]

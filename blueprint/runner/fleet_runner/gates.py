@@ -221,7 +221,7 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                timeout_s: float, kill_grace_s: float, output_path: Path,
                env: Mapping[str, str],
                should_stop: Callable[[], str | None] | None = None,
-               user: tuple[int, int] | None = None) -> GateResult:
+               user: tuple[int, int] | None = None, cwd_was_there: bool = False) -> GateResult:
     """Run one check over the workspace and judge it diff-aware (module docstring).
 
     Args:
@@ -238,6 +238,8 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
             that reason, and the caller is expected to discard it).
         user: ``(uid, gid)`` to run it as (it runs the agent's code: the agent's user), or
             ``None``.
+        cwd_was_there: the check's directory held files at the task's baseline: when it is
+            gone, the task removed it (a failure the agent can undo), not a fault.
 
     Returns:
         The gate's result. ``output`` is what the next attempt is told: only the errors in
@@ -259,6 +261,11 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
     where = f"`{command}`" + (f" in {rel_cwd}/" if rel_cwd != "." else "")
     if not cwd.is_dir():
         details.update(exit_status=None, outcome="not run")
+        if cwd_was_there:
+            return GateResult("check", FAIL, f"the check {where} cannot run: this task removed "
+                              f"its directory {rel_cwd}",
+                              f"This task removed {rel_cwd}/, where the check `{command}` runs: "
+                              "put it back.", details)
         return GateResult("check", FAIL, f"the check {where} cannot run: its directory "
                           f"{rel_cwd} is not in the workspace", "",
                           {**details, "fault": True})

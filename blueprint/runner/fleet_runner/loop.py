@@ -914,7 +914,8 @@ class Runner:
                     output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
                                             else f"attempt-{n}.check-{i + 1}.out"),
                     env=check_env, should_stop=lambda: self.stop_reason,
-                    user=self._as_user))
+                    user=self._as_user, cwd_was_there=spec is not None and any(
+                        p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline)))
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
