@@ -60,4 +60,17 @@ if [ "${1:-}" = "--test" ]; then
       node .tools/node_modules/@anthropic-ai/claude-code/install.cjs >/dev/null
     "$claude" --version >/dev/null
   fi
+  # The runner's gate tests run real checkers (tests/test_runner_gates.py): ruff and mypy in the
+  # venv, tsc in a project-local node directory (node and npm come with the machine). Pinned:
+  # the tests compare their messages.
+  .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1
+  if [ ! -x .tools/node/node_modules/.bin/tsc ] \
+      || [ "$(.tools/node/node_modules/.bin/tsc -v)" != "Version 5.9.3" ]; then
+    if ! command -v npm >/dev/null; then
+      echo "setup: the runner's gate tests need npm (to install typescript into .tools/node)" >&2
+      exit 2
+    fi
+    mkdir -p .tools/node
+    (cd .tools/node && npm install --no-audit --no-fund --silent typescript@5.9.3 >/dev/null)
+  fi
 fi
