@@ -71,6 +71,8 @@ if [ "${1:-}" = "--test" ]; then
       exit 2
     fi
     mkdir -p .tools/node
-    (cd .tools/node && npm install --no-audit --no-fund --silent typescript@5.9.3 >/dev/null)
+    # --prefix, not cd: npm would otherwise install into the nearest package.json above
+    # (.tools/, where Claude Code is installed).
+    npm install --prefix .tools/node --no-audit --no-fund --silent typescript@5.9.3 >/dev/null
   fi
 fi
