@@ -255,6 +255,12 @@ def ship(
 
     def body() -> int:
         inv, bp = _load(inventory, blueprint, timeout)
+        known = {h.name for h in inv.hosts}
+        for name in hosts or ():
+            if name not in known and "/" in name:  # `ship --force runner/README` read as a host
+                raise InputError(f"{name!r} is not a host of {inv.path.name}",
+                                 hint=f"to overwrite only the hand-patch at that path, use "
+                                 f"--force-path {name} (or --force={name})")
         selected = inv.select(hosts)
         target = ReportTarget(output)
         source = _source(inv, bp)
@@ -346,5 +352,12 @@ def version() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    ``--force=PATH`` (with ``=``) is read as ``--force-path PATH``: overwrite that path's
+    hand-patch only. ``--force PATH`` cannot mean that, since ``--force`` alone overwrites all
+    and a following word is a host (docs/design.md (r)).
+    """
+    sys.argv[1:] = [f"--force-path={arg[len('--force='):]}" if arg.startswith("--force=")
+                    else arg for arg in sys.argv[1:]]
     app()

@@ -164,6 +164,14 @@ def test_force_path_overwrites_one_hand_patch_and_the_others_still_refuse(fleet)
     assert run.code == 3, run.stdout
     assert "runner/blob.bin" in run.host("web1")["error"]
     assert "runner/README" not in run.host("web1")["error"]
+    # The same with --force=PATH; and `--force PATH` is not taken for "force everything".
+    eq = cli_text("ship", "--yes", "--format", "json", "--force=runner/README",
+                  "--inventory", str(inv), "--blueprint", str(bp))
+    assert eq.returncode == 3 and "runner/blob.bin" in json.loads(eq.stdout)["hosts"][0]["error"]
+    spaced = cli_text("ship", "--yes", "--force", "runner/README", "--inventory", str(inv),
+                      "--blueprint", str(bp))
+    assert spaced.returncode == 2 and "--force-path runner/README" in spaced.stderr
+    assert live(root, "runner/README").read_text() == "patch A\n"  # nothing was forced
     both = ship(inv, bp, "--force-path", "runner/README", "--force-path", "runner/blob.bin")
     assert both.code == 0, both.stdout
     assert current_record(root)["forced"]["paths"] == ["runner/README", "runner/blob.bin"] or \
