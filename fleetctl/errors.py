@@ -52,11 +52,11 @@ class IncompleteScan(HostError):
 
 
 class HostKeyError(HostError):
-    """A host's key is unknown to known_hosts or does not match it (DESIGN.md invariant 7)."""
+    """A host's key is unknown to known_hosts or does not match it (docs/invariants.md, invariant 7)."""
 
 
 class PermissionDenied(HostError):
-    """The host refused an operation; fleetctl stops and names it (DESIGN.md invariant 8)."""
+    """The host refused an operation; fleetctl stops and names it (docs/invariants.md, invariant 8)."""
 
 
 class ShipRefused(FleetctlError):

@@ -596,7 +596,7 @@ def lock_holder(root):
 
 # -- removing ----------------------------------------------------------------------------------
 #
-# Every recursive removal goes through remove_tree (DESIGN.md invariant 10): nothing outside the
+# Every recursive removal goes through remove_tree (docs/invariants.md, invariant 10): nothing outside the
 # managed root is removed, followed or written. It works on directory fds only (openat with
 # O_NOFOLLOW, unlinkat, rmdir at an fd), so a symlink swapped in at any moment is removed as a
 # link, never followed, and it stops at every mount point: a directory on another file system,
@@ -964,7 +964,7 @@ def assemble(stage, desired, sources, blob_dir, current_dir):
                 source_path = os.path.join(blob_dir, entry["digest"].split(":", 1)[1].encode("ascii"))
             else:
                 # Copied from the current release, never hard-linked: releases must share no
-                # inode (DESIGN.md invariant 4).
+                # inode (docs/invariants.md, invariant 4).
                 source_path = os.path.join(current_dir, enc(source))
             write_file(dest, source_path, owner, int(entry["mode"], 8))
         else:

@@ -1,4 +1,4 @@
-"""Secrets: values that fleetctl carries to hosts but never shows (DESIGN.md invariant 6).
+"""Secrets: values that fleetctl carries to hosts but never shows (docs/invariants.md, invariant 6).
 
 A :class:`Secret` holds bytes behind a mask: ``str``, ``repr``, ``format`` and f-strings give
 ``Secret(sha256:1a2b3c4d…)``, ``reveal()`` is the one way to the value, ``digest`` stands in for

@@ -493,7 +493,7 @@ HELD_BACK = "held-back"
 def ship_fleet(blueprint: Blueprint, hosts: list[Host], options: ShipOptions,
                source: SourceState, parallel: int,
                progress: Progress | None = None) -> list[HostResult]:
-    """Ship every selected host, all or nothing (DESIGN.md invariants 2, 5, 11).
+    """Ship every selected host, all or nothing (docs/invariants.md, invariants 2, 5, 11).
 
     The source is checked first (a dirty one is refused before any host is contacted). Then
     every host is opened, locked one at a time in name order (so two runs over the same hosts

@@ -1,5 +1,5 @@
 """The source a ship renders from: which commit, whether it is clean, and how it relates to the
-commit a host runs (DESIGN.md invariant 11, docs/provenance.md).
+commit a host runs (docs/invariants.md, invariant 11, docs/provenance.md).
 
 A ship renders what git has committed. The blueprint loader reads git's tracked files and the
 untracked files git does not ignore, from the work tree; so the work tree renders exactly the

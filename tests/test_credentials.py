@@ -1,4 +1,4 @@
-"""Per-agent credentials (issue 5, DESIGN.md invariants 6 and 8): grants render only what is
+"""Per-agent credentials (issue 5, docs/invariants.md, invariants 6 and 8): grants render only what is
 granted, into ``<root>/credentials/<agent>/`` owned by the agent's own Linux user (0700/0600),
 beside the releases; rotation and revocation leave no copy; drift shows digests only; a
 permission refusal stops the host with the previous release in use; no secret value ever

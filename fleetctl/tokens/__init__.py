@@ -1,7 +1,7 @@
 """``fleetctl tokens``: measure every agent's prompt prefix, hold it to budgets, and cut it.
 
 The prompt prefix (DESIGN.md §2) is re-sent on every turn, so its size is paid again and again.
-This package measures it with the runner's own prefix builder (DESIGN.md invariant 9), counts it
+This package measures it with the runner's own prefix builder (docs/invariants.md, invariant 9), counts it
 with a tokenizer whose provenance is printed in every report, and checks it against the budgets
 the roles declare. One module per job:
 

@@ -2,7 +2,7 @@
 
 The prefix comes from the runner's own builder, loaded from the blueprint being audited
 (``<blueprint>/runner/fleet_runner/prefix.py``, :func:`load_prefix_module`), so the audit measures
-what that runner sends (DESIGN.md invariant 9).
+what that runner sends (docs/invariants.md, invariant 9).
 
 Two ways to measure, each labelling its numbers:
 

@@ -3,7 +3,7 @@
 Hosts get no pip installs, so the runner cannot count ``o200k_base`` tokens itself (its own
 counter is a labelled bytes/4 estimate, :mod:`fleet_runner.tokens`). But the runner's text
 components (role prompt, skills index, CLI index) depend only on the release, so fleetctl builds
-them at render time with the same prefix builder the runner uses (DESIGN.md invariant 9),
+them at render time with the same prefix builder the runner uses (docs/invariants.md, invariant 9),
 counts them with the offline encoder, and ships the counts beside the agent's config::
 
     agents/<agent>/prefix-tokens.json

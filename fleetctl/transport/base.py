@@ -52,7 +52,7 @@ class Transport(ABC):
 
     @abstractmethod
     def connect(self) -> None:
-        """Open the connection; checks the host key for SSH (DESIGN.md invariant 7)."""
+        """Open the connection; checks the host key for SSH (docs/invariants.md, invariant 7)."""
 
     @abstractmethod
     def start(self, argv: list[str]) -> Channel:

@@ -6,7 +6,7 @@ fail at once instead of asking for a password, so fleetctl never asks for, sends
 The command is always the same argv (the host-side program and its input travel over stdin), so
 one exact sudoers entry allows it and nothing else (:func:`sudoers_entry`). When sudo refuses,
 :func:`sudo_refusal` recognises its message and the caller stops that host with an error naming
-it and the sudoers entry it needs (DESIGN.md invariant 8: no retry, no other way up).
+it and the sudoers entry it needs (docs/invariants.md, invariant 8: no retry, no other way up).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The runner is standard library only (hosts get no pip installs), and an exact BPE count needs the
 encoding's ranks file and its pre-tokenizer, which the host does not have. But the prefix's text
 components depend only on the release, so fleetctl counts them at render time with this runner's
-own :mod:`fleet_runner.prefix` (DESIGN.md invariant 9) and the offline ``o200k_base`` encoder,
+own :mod:`fleet_runner.prefix` (docs/invariants.md, invariant 9) and the offline ``o200k_base`` encoder,
 and ships the counts as ``agents/<agent>/prefix-tokens.json`` with each component's sha256
 (``fleetctl/tokens/prefix_counts.py``). :func:`prefix_tokens` uses them when every component the
 runner built has that digest: the ledger then says ``"token_counter": "o200k_base"``,
