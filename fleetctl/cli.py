@@ -273,6 +273,11 @@ from fleetctl.cli_creds import creds_app  # noqa: E402 - `fleetctl creds audit`
 
 app.add_typer(creds_app, name="creds")
 
+from fleetctl.cli_report import report_command, status_command  # noqa: E402 - issue 13
+
+app.command("report")(report_command)
+app.command("status")(status_command)
+
 
 @app.command()
 def version() -> None:
