@@ -80,6 +80,9 @@ def report_command(
         "conflict, readable-by-others...)."),
     no_ledgers: bool = typer.Option(False, "--no-ledgers",
                                     help="Do not read the runners' ledgers (no tokens chart)."),
+    now: Optional[str] = typer.Option(
+        None, "--now", metavar="TIME", help="Date the report TIME (ISO 8601, UTC) instead of "
+        "the clock, for replays and tests; allowlist expiry is judged on its date."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Text: print only what fails or could not be checked."),
     inventory: Optional[Path] = InventoryOpt,
@@ -98,10 +101,15 @@ def report_command(
         ("html", html_out)) if p is not None]
     if output is not None:
         outputs.append((fmt.value, output))
-    generated = nightly.now_utc()
     try:
-        code = _report_body(hosts, fmt.value, output is None, outputs, history, keep, allowlist, fail_on,
-                            not no_ledgers, quiet, inventory, blueprint, parallel, timeout)
+        generated = nightly.now_utc(now)
+    except FleetctlError:
+        generated = nightly.now_utc()
+    try:
+        nightly.now_utc(now)
+        code = _report_body(hosts, fmt.value, output is None, outputs, history, keep, allowlist,
+                            fail_on, not no_ledgers, quiet, inventory, blueprint, parallel,
+                            timeout, generated)
     except FleetctlError as exc:
         print_error(exc)
         for kind, path in outputs:
@@ -128,8 +136,8 @@ def report_command(
     raise typer.Exit(code)
 
 
-def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_on, ledgers, quiet,
-                 inventory, blueprint, parallel, timeout) -> int:
+def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_on, ledgers,
+                 quiet, inventory, blueprint, parallel, timeout, generated) -> int:
     from fleetctl import nightly
     from fleetctl.cli import _load, _source, _with_progress
 
@@ -142,7 +150,8 @@ def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_
     holder: dict = {}
 
     def run(progress):
-        holder["r"] = nightly.collect(bp, inv, selected, source, parallel, progress, ledgers)
+        holder["r"] = nightly.collect(bp, inv, selected, source, parallel, progress, ledgers,
+                                      generated)
         return []
 
     _with_progress(run)

@@ -216,9 +216,24 @@ class NightlyReport:
 # -- stage 1: collect ---------------------------------------------------------------------------
 
 
-def now_utc() -> str:
-    """The current time as ``YYYY-MM-DDTHH:MM:SSZ``."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_utc(text: str | None = None) -> str:
+    """The current time, or ``text`` (ISO 8601; no zone means UTC), as
+    ``YYYY-MM-DDTHH:MM:SSZ``.
+
+    Raises:
+        InputError: ``text`` is not an ISO 8601 time.
+    """
+    if text is None:
+        when = dt.datetime.now(dt.timezone.utc)
+    else:
+        try:
+            when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise InputError(f"--now {text!r}: not an ISO 8601 time",
+                             hint="e.g. 2026-12-01T03:00:00Z") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def drift_findings(result: Any) -> list[Finding]:
@@ -335,7 +350,8 @@ def read_series(hosts: list[Any], parallel: int) -> list[AgentSeries]:
 
 
 def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, parallel: int = 8,
-            progress: Any = None, ledgers: bool = True) -> NightlyReport:
+            progress: Any = None, ledgers: bool = True,
+            generated: str | None = None) -> NightlyReport:
     """Run drift, the credentials audit and the token budgets on ``hosts``; read the ledgers.
 
     Args:
@@ -346,6 +362,7 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         parallel: hosts at once; default 8.
         progress: a :class:`fleetctl.results.Progress` for the drift scans, or ``None``.
         ledgers: read the runners' ledgers for the prefix-tokens chart; default yes.
+        generated: the time the report is dated (:func:`now_utc`); default now.
 
     Every host is attempted by every check; a host or check that fails is a
     :class:`CheckResult` ``error`` and the rest go on.
@@ -355,7 +372,7 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
     from fleetctl.results import NoProgress
     from fleetctl.ship import drift_host, run_hosts
 
-    generated = now_utc()
+    generated = generated or now_utc()
     progress = progress or NoProgress()
     drift = run_hosts(hosts, lambda h: drift_host(blueprint, h, progress, source), parallel,
                       progress)
