@@ -352,7 +352,7 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
     pad_l, pad_b, pad_t = 40, 30, 10
     n = max(1, len(nights))
     top = max([x["findings"] for x in nights] + [1])
-    bar_w = (width - pad_l - 10) / n
+    bar_w = min(48.0, (width - pad_l - 10) / n)
     scale = (height - pad_b - pad_t) / top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="chart-findings-svg" role="img" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
