@@ -156,10 +156,12 @@ def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_
 
     _with_progress(run)
     report = holder["r"]
-    # Compare with the latest night before this one (a rerun the same second replaces it).
-    earlier = [d for d in nights if d["generated"] < report.generated]
+    # Compare with the latest run kept (one of the same second is the run this one replaces);
+    # the chart shows the nights before this one.
+    earlier = [d for d in nights if d["generated"] <= report.generated]
+    before = [d for d in earlier if d["generated"] < report.generated]
     nightly.judge(report, earlier[-1] if earlier else None, accepted, rule, allowlist,
-                  earlier[-(keep - 1):] if keep > 1 else [])
+                  before[-(keep - 1):] if keep > 1 else [])
     doc = nightly.report_document(report)
     for kind, path in outputs:
         nightly.write_whole(path, _render(kind, doc, quiet))
