@@ -453,7 +453,8 @@ class Acceptance:
     """One allowlist entry: a finding accepted until ``expires`` (a date, inclusive).
 
     ``host`` may be ``*`` (every host); ``check`` ``None`` matches every check; ``subject`` is
-    the finding's path or rule subject (the file's ``path``, ``rule`` or ``subject`` key).
+    the finding's path or subject (the file's ``path`` or ``subject`` key); ``kind`` the
+    finding's kind (``kind``, or ``rule`` for a credentials rule id).
     ``where`` is ``FILE:LINE`` of the entry.
     """
 
@@ -481,8 +482,10 @@ _ENTRY_KEYS = {"host", "check", "kind", "path", "rule", "subject", "reason", "ex
 def load_allowlist(path: Path) -> list[Acceptance]:
     """Read an allowlist file: YAML, ``accept:`` a list of entries (``docs/report.md``).
 
-    Each entry: ``host`` (or ``*``), ``kind``, one of ``path``/``rule``/``subject``, ``reason``
-    (not empty), ``expires`` (``YYYY-MM-DD``); optional ``check``.
+    Each entry: ``host`` (or ``*``); ``kind`` (or ``rule``, the same for a credentials rule);
+    ``path`` (a path finding) or ``subject`` (``AGENT``, ``AGENT/CAPABILITY``, ``AGENT/TOOL``,
+    ``commit``, an account line); ``reason`` (not empty); ``expires`` (``YYYY-MM-DD``, the last
+    day it holds); optional ``check``.
 
     Raises:
         InputError: the file is missing or not YAML, or an entry lacks a key, has an unknown
@@ -508,10 +511,14 @@ def load_allowlist(path: Path) -> list[Acceptance]:
         if unknown:
             raise InputError(f"{at}: unknown key {', '.join(unknown)}",
                              hint="keys: " + ", ".join(sorted(_ENTRY_KEYS)))
-        subjects = [k for k in ("path", "rule", "subject") if k in e]
+        subjects = [k for k in ("path", "subject") if k in e]
         if len(subjects) != 1:
-            raise InputError(f"{at}: give exactly one of path, rule, subject")
-        for key in ("host", "kind", "reason", "expires"):
+            raise InputError(f"{at}: give exactly one of path, subject")
+        kind_keys = [k for k in ("kind", "rule") if k in e]
+        if len(kind_keys) != 1:
+            raise InputError(f"{at}: give exactly one of kind, rule (a credentials rule id)")
+        e = dict(e, kind=e[kind_keys[0]])
+        for key in ("host", "kind", "reason", "expires", subjects[0]):
             if e.get(key) in (None, ""):
                 raise InputError(f"{at}: {key}: missing")
         if e["kind"] not in kinds:

@@ -174,10 +174,8 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
                    f"{len(mine)} | {sum(1 for f in mine if f['fails'])} | "
                    f"{sum(1 for f in mine if f['state'] == 'new')} |")
     budget = limit_bytes - _MD_RESERVE_BYTES
-    size = len("\n".join(out).encode("utf-8"))
     total = len(doc["findings"])
-    shown = 0
-    truncated = False
+    blocks = []
     for name in _host_names(doc):
         mine = [f for f in doc["findings"] if f["host"] == name]
         errors = [c for c in checks.get(name, {}).values() if c["status"] == "error"]
@@ -186,41 +184,56 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
         failing = sum(1 for f in mine if f["fails"])
         new = sum(1 for f in mine if f["state"] == "new")
         gone = sum(1 for f in mine if f["state"] == "resolved")
-        block = ["", f"### {'❌' if failing or errors else '✅'} {md_text(name)}: "
-                 f"{len(mine) - gone} finding(s), {new} new, {gone} resolved, {failing} failing",
-                 ""]
-        block += [f"- **{c['check']} could not run**: {md_text(c['error'] or '')}"
-                  + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "") for c in errors]
-        head = len("\n".join(block).encode("utf-8")) + 1
-        if size + head > budget:
-            truncated = True
-            break
-        out += block
-        size += head
+        head = ["", f"### {'❌' if failing or errors else '✅'} {md_text(name)}: "
+                f"{len(mine) - gone} finding(s), {new} new, {gone} resolved, {failing} failing",
+                ""]
+        head += [f"- **{c['check']} could not run**: {md_text(c['error'] or '')}"
+                 + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "") for c in errors]
+        blocks.append((head, mine))
+    # Every host's headline is kept; the rows share what is left, host by host, a host's
+    # unused share going to the next.
+    size = len("\n".join(out).encode("utf-8")) + sum(
+        len("\n".join(head).encode("utf-8")) + 1 for head, _ in blocks)
+    opening = ["<details><summary>findings</summary>", "",
+               "| state | fails | check | kind | path or rule | finding | history |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+    frame = len("\n".join(opening + ["", "</details>"]).encode("utf-8")) + 2
+    dropped = 0
+    while blocks and size > budget:  # a fleet so large its headlines alone do not fit
+        head, mine = blocks.pop()
+        size -= len("\n".join(head).encode("utf-8")) + 1
+        dropped += 1
+    while len("\n".join(out).encode("utf-8")) > budget and len(out) > 4:
+        out.pop()  # ... nor its overview table
+        dropped += 1
+    left = budget - size
+    shown = 0
+    cut = False
+    with_rows = sum(1 for _, mine in blocks if mine)
+    for head, mine in blocks:
+        out += head
         if not mine:
             continue
-        opening = ["", "<details><summary>findings</summary>", "",
-                   "| state | fails | check | kind | path or rule | finding | history |",
-                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        out += opening
-        size += len("\n".join(opening).encode("utf-8")) + 1
+        share = left // max(1, with_rows)
+        with_rows -= 1
+        used = frame
+        rows = []
         for f in mine:
             row = _md_findings_row(f)
             n = len(row.encode("utf-8")) + 1
-            if size + n > budget:
-                truncated = True
+            if used + n > share:
+                cut = True
                 break
-            out.append(row)
-            size += n
-            shown += 1
-        out += ["", "</details>"]
-        size += 12
-        if truncated:
-            break
-    if truncated:
+            rows.append(row)
+            used += n
+        if rows:  # else the headline's counts stand alone
+            out += opening + rows + ["", "</details>"]
+            left -= used
+        shown += len(rows)
+    if cut or dropped:
         out += ["", f"**Truncated**: {shown} of {total} findings shown, to stay under the "
-                f"{limit_bytes // 1024} KiB job-summary limit. Every finding is in the JSON, "
-                "JUnit and HTML reports."]
+                f"{limit_bytes / 1024 / 1024:g} MiB job-summary limit. Every finding is in the "
+                "JSON, JUnit and HTML reports."]
     allow = doc.get("allowlist")
     if allow and allow.get("expired"):
         out += ["", f"Allowlist: {len(allow['expired'])} expired entr(y/ies): their findings "

@@ -313,3 +313,103 @@ def test_token_budget_findings_per_agent(tmp_path):
     # The agent has no ledger yet: the chart says so, and that is not an error.
     assert [(a["agent"], a["status"], a["turns"]) for a in run.doc["agents"]] == [
         ("w1", "missing", 0)]
+
+
+def test_credentials_findings_accepted_the_same_way(tmp_path):
+    """An agent without a user of its own is a creds finding (rule no-own-user, subject the
+    agent); an entry naming that rule accepts it, so the run is clean."""
+    inv, bp = make_fleet(tmp_path, hosts=("h1",), agents={"w1": {"role": "worker"}})
+    first = report(inv, bp, "--fail-on", "creds")
+    assert first.code == 1, first.stdout + first.stderr
+    creds = [(f["kind"], f["subject"]) for f in first.doc["findings"] if f["check"] == "creds"]
+    assert ("no-own-user", "w1") in creds
+    allow = tmp_path / "accepted.yaml"
+    allow.write_text("accept:\n" + "".join(
+        f"  - host: h1\n    check: creds\n    rule: {k}\n    subject: {s}\n"
+        f"    reason: demo box, no users\n    expires: 2099-01-01\n" for k, s in creds))
+    run = report(inv, bp, "--fail-on", "creds", "--allowlist", str(allow))
+    assert run.code == 0, run.stdout + run.stderr
+    assert all(f["accepted"]["reason"] == "demo box, no users"
+               for f in run.doc["findings"] if f["check"] == "creds")
+    assert run.doc["allowlist"]["unused"] == []
+
+
+def test_a_host_not_checked_keeps_its_findings_history(tmp_path):
+    """Night 2 cannot reach h1: its finding is 'unchecked' (not resolved, not failing) and the
+    run is exit 2; night 3 reaches it again: the finding persists, seen since night 1."""
+    import yaml
+
+    inv, bp = make_fleet(tmp_path, hosts=("h1",))
+    (live(tmp_path, "h1") / "runner" / "a.txt").write_text("A\n")
+    hist = tmp_path / "history"
+    n1, n2, n3 = "2026-11-28T02:00:00Z", "2026-11-29T02:00:00Z", "2026-11-30T02:00:00Z"
+    assert report(inv, bp, "--history", str(hist), "--now", n1).code == 1
+    good = inv.read_text()
+    body = yaml.safe_load(good)
+    body["hosts"]["h1"] = {"transport": "ssh", "address": "127.0.0.1", "port": 1,
+                           "user": "root", "root": "/srv/fleet", "agents": {}}
+    inv.write_text(yaml.safe_dump(body))
+    second = report(inv, bp, "--history", str(hist), "--now", n2, "--timeout", "10")
+    assert second.code == 2
+    assert [(f["subject"], f["state"], f["fails"]) for f in second.doc["findings"]] == [
+        ("runner/a.txt", "unchecked", False)]
+    inv.write_text(good)
+    third = report(inv, bp, "--history", str(hist), "--now", n3)
+    assert third.code == 1
+    assert [(f["subject"], f["state"], f["since"]) for f in third.doc["findings"]] == [
+        ("runner/a.txt", "persisting", n1)]
+
+
+def _doc_with(findings: int, hosts: int = 3) -> dict:
+    """A report document built through the library from synthetic findings (no hosts)."""
+    from fleetctl import nightly
+
+    report_ = nightly.NightlyReport(
+        generated="2026-12-01T03:00:00Z",
+        source={"commit": "0123456789abcdef0123456789abcdef01234567", "clean": True,
+                "dirty": []},
+        hosts=[{"host": f"host{h}", "status": "drift", "release": "20261130T020000000Z-aaaa",
+                "commit": "0123456789abcdef0123456789abcdef01234567", "identity": f"host{h}",
+                "ancestry": None, "ship_in_progress": None} for h in range(hosts)],
+        checks=[nightly.CheckResult(f"host{h}", c, "findings" if c == "drift" else "ok")
+                for h in range(hosts) for c in nightly.CHECKS],
+        findings=[nightly.Finding("drift", f"host{i % hosts}", "hand-patch",
+                                  f"skills/s{i}/bin/{'x' * 40}-{i}|{HOSTILE}",
+                                  f"skills/s{i}/bin/tool-{i}: content (hand-patch)", "high")
+                  for i in range(findings)])
+    nightly.judge(report_, None, None, nightly.parse_fail_on("all"))
+    return nightly.report_document(report_)
+
+
+def test_markdown_snapshot():
+    """The Markdown of a fixed document, byte for byte (tests/data/report-snapshot.md)."""
+    from fleetctl.nightly_render import to_markdown
+
+    expected = (Path(__file__).parent / "data" / "report-snapshot.md").read_text()
+    assert to_markdown(_doc_with(4, hosts=2)) == expected
+
+
+def test_markdown_stays_under_the_summary_limit():
+    """20 000 findings over 50 hosts: the summary is at most 1 MiB, says it was cut and how
+    many findings it shows, and shows exactly that many rows."""
+    from fleetctl.nightly_render import MARKDOWN_LIMIT_BYTES, to_markdown
+
+    md = to_markdown(_doc_with(20000, hosts=50))
+    size = len(md.encode("utf-8"))
+    assert size <= MARKDOWN_LIMIT_BYTES == 1024 * 1024
+    m = re.search(r"\*\*Truncated\*\*: (\d+) of 20000 findings shown", md)
+    assert m, md[-500:]
+    rows = [line for line in md.splitlines() if line.startswith("| NEW |")]
+    assert len(rows) == int(m.group(1)) and 0 < len(rows) < 20000
+    assert md.count("<details>") == md.count("</details>")
+    small = to_markdown(_doc_with(10, hosts=2))
+    assert "Truncated" not in small
+
+
+def test_markdown_of_a_very_large_fleet_stays_under_the_limit():
+    """3 000 hosts with a finding each: headlines for as many hosts as fit, under 1 MiB."""
+    from fleetctl.nightly_render import MARKDOWN_LIMIT_BYTES, to_markdown
+
+    md = to_markdown(_doc_with(3000, hosts=3000))
+    assert len(md.encode("utf-8")) <= MARKDOWN_LIMIT_BYTES
+    assert "**Truncated**" in md
