@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
-# openssh-server (the test suite starts real sshd boxes on 127.0.0.1) and git.
+# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, and chromium (the
+# HTML report is checked in headless Chromium: tests/test_report_html.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ if [ "${1:-}" = "--test" ]; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v git >/dev/null || need+=(git)
   command -v ssh-keygen >/dev/null || need+=(openssh-client)
+  command -v chromium >/dev/null || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
       echo "setup: the tests need ${need[*]} (Debian packages) and run as root" >&2
