@@ -14,20 +14,39 @@ from typing import Callable, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import Progress as RichBar, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichBar
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint, load_blueprint
-from fleetctl.cli_common import (BlueprintOpt, DebugOpt, Format, FormatOpt, InventoryOpt, OutputOpt,
-                                 ParallelOpt, TimeoutOpt, err, find_project, print_error)
+from fleetctl.cli_common import (
+    BlueprintOpt,
+    DebugOpt,
+    Format,
+    FormatOpt,
+    InventoryOpt,
+    OutputOpt,
+    ParallelOpt,
+    TimeoutOpt,
+    err,
+    find_project,
+    print_error,
+)
+from fleetctl.cli_releases import register as register_day_two
 from fleetctl.cli_tokens import tokens_command
 from fleetctl.errors import EXIT_REFUSED, FleetctlError, InputError, worst_exit
 from fleetctl.inventory import Inventory, load_inventory
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
-from fleetctl.ship import (ShipOptions, drift_host, plan_host, run_hosts, ship_fleet,
-                           source_refusal)
+from fleetctl.ship import (
+    ShipOptions,
+    drift_host,
+    plan_host,
+    run_hosts,
+    ship_fleet,
+    source_refusal,
+)
 from fleetctl.source import SourceState, inspect_source
 
 app = typer.Typer(
@@ -139,6 +158,8 @@ def _guard(fn: Callable[[], int]) -> None:
 @app.command()
 def drift(
     hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to check \\[default: all]."),
+    diff: bool = typer.Option(False, "--diff", help="Show each changed file's content diff "
+                              "(text, key-level YAML/JSON; binaries and secrets by digest)."),
     inventory: Optional[Path] = InventoryOpt,
     blueprint: Optional[Path] = BlueprintOpt,
     fmt: Format = FormatOpt,
@@ -155,7 +176,7 @@ def drift(
         target = ReportTarget(output)
         source = _source(inv, bp)
         results = _with_progress(lambda p: run_hosts(
-            selected, lambda h: drift_host(bp, h, p, source), parallel, p))
+            selected, lambda h: drift_host(bp, h, p, source, diff), parallel, p))
         return _report(results, "drift", fmt, target, debug, source)
 
     _guard(body)
@@ -167,7 +188,11 @@ def ship(
     dry_run: bool = typer.Option(False, "--dry-run", "-n",
                                  help="Print the plan ship would carry out; write nothing."),
     force: bool = typer.Option(False, "--force",
-                               help="Overwrite hand-patches, conflicts and unknown content."),
+                               help="Overwrite hand-patches, conflicts and unknown content, and "
+                               "ship over a stale checkout (recorded)."),
+    force_path: Optional[list[str]] = typer.Option(
+        None, "--force-path", metavar="PATH", help="Overwrite the hand-patch at PATH only (a "
+        "directory covers what is below it; repeatable); other hand-patches still refuse."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     allow_dirty: bool = typer.Option(
         False, "--allow-dirty", help="Ship a blueprint with uncommitted or untracked files, or "
@@ -176,6 +201,8 @@ def ship(
         None, "--renamed-from", metavar="OLD_NAME",
         help="The one selected host was renamed on purpose: it records OLD_NAME as its identity; "
         "record the inventory's name instead."),
+    diff: bool = typer.Option(False, "--diff", help="With the plan (--dry-run or the prompt), "
+                              "show each changed file's content diff."),
     skip_unreachable: bool = typer.Option(
         False, "--skip-unreachable", help="Ship the hosts that can be reached even when others "
         "cannot be connected to (the fleet is then split until they are shipped)."),
@@ -198,17 +225,18 @@ def ship(
         target = ReportTarget(output)
         source = _source(inv, bp)
         options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
-                              renamed_from=renamed_from, skip_unreachable=skip_unreachable)
+                              renamed_from=renamed_from, skip_unreachable=skip_unreachable,
+                              force_paths=tuple(p.strip("/") for p in force_path or ()))
         refusal = source_refusal(source, options)
         if dry_run or refusal is not None:
             results = [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,
                                   step="source") for h in selected] if refusal else \
                 _with_progress(lambda p: run_hosts(
-                    selected, lambda h: plan_host(bp, h, options, source, p), parallel, p))
+                    selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
             return _report(results, "ship", fmt, target, debug, source)
         if not yes and sys.stdin.isatty() and err.is_terminal:
             plans = _with_progress(lambda p: run_hosts(
-                selected, lambda h: plan_host(bp, h, options, source, p), parallel, p))
+                selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
             print_text(err, plans, "ship plan")
             # Changes to confirm: a new release, or runner unit files to write or remove. A
             # systemd host with neither is still shipped (its units enabled and started, which
@@ -268,6 +296,7 @@ def render(
 
 
 app.command("tokens")(tokens_command)
+register_day_two(app)
 
 from fleetctl.cli_creds import creds_app  # noqa: E402 - `fleetctl creds audit`
 

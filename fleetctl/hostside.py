@@ -978,6 +978,12 @@ def ship_locked(root, command, state, scanned):
         if command.get("identity") and command["identity"] != state.get("identity"):
             write_identity(root, command["identity"])
         switch(root, release)
+        meta = command.get("meta", {})
+        append_history(root, {"kind": "ship", "time": meta.get("created"),
+                              "by": meta.get("shipped_by"), "release": dec(release),
+                              "previous": state["current"], "host": meta.get("host"),
+                              "forced": meta.get("forced"), "source": meta.get("source"),
+                              "allow_dirty": meta.get("allow_dirty")})
     except Aborted:
         cleanup(stage, blob_dir, root, release)
         emit({"t": "done", "release": None, "pruned": [], "aborted": True})
@@ -1655,6 +1661,226 @@ def read_status(root, request):
     return 0
 
 
+# -- day two: reading files, releases, history, rollback -------------------------------------
+
+READ_LIMIT_BYTES = 1 << 20
+HISTORY_FILE = b"history.jsonl"
+RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def open_beneath(top_fd, rel):
+    """Open ``rel`` (bytes, ``/``-separated) below the directory ``top_fd`` without following
+    any symlink on the way or at the end; return the fd.
+
+    Raises:
+        OSError: a component is missing, a symlink (ELOOP), not a directory, or not a plain name.
+    """
+    parts = rel.split(b"/")
+    if any(p in (b"", b".", b"..") for p in parts):
+        raise OSError(errno.EINVAL, "not a plain relative path")
+    fd = os.dup(top_fd)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def current_release_dir(root, state):
+    """The directory of the release in use, only when ``current`` is fleetctl's own symlink
+    into ``releases/`` (never a symlink that leads out of the root)."""
+    if state["current_kind"] != "symlink" or not state["current"]:
+        raise Stop("read", "layout", "the host has no release in use (%s)"
+                   % (state["current_kind"] or "no current"))
+    return os.path.join(root, b"releases", enc(state["current"]))
+
+
+def read_files(root, request):
+    """Op ``read``: the content of regular files of the release in use, by path; read only.
+
+    Emits ``{"t": "content", "path", "size", "data"}`` (``data`` base64) per path, or
+    ``{"t": "content", "path", "error"}``, or ``{"t": "content", "path", "size", "too_large":
+    true}`` past ``max_bytes`` (default 1 MiB); then ``{"t": "read-end"}``. Credential files
+    are never read: their content is only ever compared by digest.
+    """
+    import base64
+
+    limit = int(request.get("max_bytes", READ_LIMIT_BYTES))
+    state = read_state(root)
+    top = os.open(current_release_dir(root, state), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for path in request.get("paths", []):
+            event = {"t": "content", "path": path}
+            if is_credential(path):
+                event["error"] = "a credential file is never read"
+                emit(event)
+                continue
+            try:
+                fd = open_beneath(top, enc(path))
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        event["error"] = "not a regular file"
+                    elif st.st_size > limit:
+                        event["size"], event["too_large"] = st.st_size, True
+                    else:
+                        data = b""
+                        while len(data) <= limit:
+                            block = os.read(fd, CHUNK_BYTES)
+                            if not block:
+                                break
+                            data += block
+                        if len(data) > limit:
+                            event["size"], event["too_large"] = len(data), True
+                        else:
+                            event["size"] = len(data)
+                            event["data"] = base64.b64encode(data).decode("ascii")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                event["error"] = os_error_text(exc)
+            emit(event)
+    finally:
+        os.close(top)
+    emit({"t": "read-end"})
+    return 0
+
+
+def history_path(root):
+    return os.path.join(root, enc(STATE_DIR), HISTORY_FILE)
+
+
+def append_history(root, entry):
+    """Append one line to ``.fleetctl/history.jsonl`` (0644): who shipped or rolled back what.
+
+    Appended with one write of a whole line (O_APPEND), so readers never see half a line from
+    a finished write; a failure here is a warning, never undoing what was done.
+    """
+    line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(
+        "utf-8", "surrogateescape") + b"\n"
+    try:
+        fd = os.open(history_path(root), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     0o644)
+        try:
+            write_all(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        emit({"t": "warning", "message": "could not record the history line in %s: %s"
+              % (dec(history_path(root)), os_error_text(exc))})
+
+
+def list_releases(root, request):
+    """Op ``releases``: every release with its record's provenance, which is current, and the
+    host's history lines; read only.
+
+    Emits ``{"t": "releases", "current", "identity"}``, per release ``{"t": "release", "id",
+    "recorded", "meta"}``, per history line ``{"t": "history", "line"}``, then
+    ``{"t": "releases-end"}``.
+    """
+    state = read_state(root)
+    emit({"t": "releases", "current": state["current"], "identity": state.get("identity")})
+    for name in state["releases"]:
+        recorded = os.path.lexists(record_path(root, enc(name)))
+        emit({"t": "release", "id": name, "recorded": recorded,
+              "meta": record_meta(root, enc(name)) if recorded else {}})
+    try:
+        with open(history_path(root), "rb") as fh:
+            for raw in fh:
+                if raw.endswith(b"\n") and raw.strip():
+                    emit({"t": "history", "line": dec(raw.rstrip(b"\n"))})
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            emit({"t": "warning", "message": "cannot read %s: %s"
+                  % (dec(history_path(root)), os_error_text(exc))})
+    emit({"t": "releases-end"})
+    return 0
+
+
+def release_differences(root, release):
+    """How a release on disk differs from its record (paths, kinds); [] when it matches."""
+    recorded = [e for e in read_manifest(record_path(root, release))
+                if not is_credential(e["path"])]
+    found = {}
+    problems = []
+
+    def sink(entry):
+        found[entry["path"]] = entry
+
+    def bad(rel, exc):
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            problems.append("%s: unreadable (%s)" % (dec(rel), os_error_text(exc)))
+
+    walk(os.path.join(root, b"releases", release), sink, bad)
+    wanted = dict((e["path"], e) for e in recorded)
+    for path in sorted(set(found) | set(wanted)):
+        a, b = wanted.get(path), found.get(path)
+        if a is None or b is None:
+            problems.append("%s: %s" % (path, "extra" if a is None else "missing"))
+            continue
+        for key in ("type", "mode", "owner", "digest", "target"):
+            if a.get(key) != b.get(key):
+                problems.append("%s: %s" % (path, "content" if key == "digest" else key))
+    return problems
+
+
+def rollback(root, request):
+    """Op ``rollback``: switch ``current`` to an earlier release under the host's lock.
+
+    The target (``to``, or else the release the current one's record names as ``previous``,
+    or else the newest older release with a record) is first compared with its record; a
+    release edited in place is refused (kind ``changed``, naming what differs) unless
+    ``force``. The switch is one rename; a history line records it.
+    """
+    if not os.path.isdir(root):
+        raise Stop("lock", "failed", "the root %s does not exist" % dec(root))
+    lock_fd = lock_root(root)
+    try:
+        state = read_state(root)
+        current = state["current"]
+        if state["current_kind"] != "symlink" or not current:
+            raise Stop("rollback", "layout", "the host has no release in use to roll back from")
+        target = request.get("to")
+        if target is None:
+            previous = (state.get("meta") or {}).get("previous")
+            older = [r for r in state["releases"] if r < current and
+                     os.path.lexists(record_path(root, enc(r)))]
+            target = previous if previous in state["releases"] else (older[-1] if older else None)
+            if target is None:
+                raise Stop("rollback", "failed", "no earlier release with a record is left on "
+                           "the host")
+        if not RELEASE_NAME.match(target) or target not in state["releases"]:
+            raise Stop("rollback", "failed", "no release %s on the host (releases: %s)"
+                       % (target, ", ".join(state["releases"]) or "none"))
+        if target == current:
+            raise Stop("rollback", "failed", "release %s is already in use" % target)
+        if not os.path.lexists(record_path(root, enc(target))):
+            raise Stop("verify", "failed", "release %s has no record to verify it against"
+                       % target)
+        emit({"t": "step", "name": "verify"})
+        flush()
+        problems = release_differences(root, enc(target))
+        if problems and not request.get("force"):
+            raise Stop("verify", "changed", "release %s was changed since it was shipped: %s%s"
+                       % (target, "; ".join(problems[:8]),
+                          " (and %d more)" % (len(problems) - 8) if len(problems) > 8 else ""))
+        emit({"t": "step", "name": "switch"})
+        flush()
+        switch(root, enc(target))
+        meta = record_meta(root, enc(target))
+        append_history(root, {"kind": "rollback", "time": request.get("time"),
+                              "by": request.get("by"), "release": target, "previous": current,
+                              "host": request.get("host"), "forced": bool(problems),
+                              "differences": problems[:20], "source": meta.get("source")})
+        emit({"t": "done", "release": target, "previous": current, "differences": problems})
+        return 0
+    finally:
+        os.close(lock_fd)
+
+
 def main():
     request = json.loads(read_frame().decode("utf-8", "surrogateescape"))
     root = enc(request["root"])
@@ -1666,8 +1892,14 @@ def main():
     try:
         if request["op"] == "ledgers":
             return read_ledgers(root, request)
-        elif request["op"] == "status":
+        if request["op"] == "status":
             return read_status(root, request)
+        if request["op"] == "read":
+            return read_files(root, request)
+        if request["op"] == "releases":
+            return list_releases(root, request)
+        if request["op"] == "rollback":
+            return rollback(root, request)
         if os.path.lexists(root) and not os.path.isdir(root):
             raise Stop("scan", "layout", "the root %s exists and is not a directory" % dec(root))
         if request["op"] == "ship":

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
 from fleetctl.credentials import is_credential_path
 from fleetctl.manifest import Entry
@@ -89,7 +90,17 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
         record["unreadable"].append({"path": path, **({"path_escaped": True} if escaped else {}),
                                      "error": u.error})
     record["changes"] = [change_json(c) for c in result.changes]
+    if result.diffs is not None:
+        record["diffs"] = [_diff_json(d) for d in result.diffs]
     return record
+
+
+def _diff_json(diff: FileDiff) -> dict[str, Any]:
+    data = diff.to_json()
+    data["path"], escaped = escape_name(diff.path)
+    if escaped:
+        data["path_escaped"] = True
+    return data
 
 
 def to_json(results: list[HostResult], command: str, exit_code: int,
@@ -201,6 +212,9 @@ def print_text(console: Console, results: list[HostResult], title: str,
         for u in result.unreadable:
             console.print(Text(f"{result.host}: unreadable: {printable(u.path)}: {u.error}",
                                style="red"))
+        for diff in result.diffs or ():
+            for line in diff_text(result.host, diff):
+                console.print(Text(line, style=_DIFF_STYLE.get(line[:1], "")), soft_wrap=True)
     for result in results:
         line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
         console.print(line, soft_wrap=True)
@@ -210,6 +224,24 @@ def print_text(console: Console, results: list[HostResult], title: str,
             console.print(Text(f"  warning: {printable(warning)}", style="yellow"), soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):
             console.print(Text(f"  hint: {printable(result.hint)}", style="dim"), soft_wrap=True)
+
+
+_DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan", "~": "yellow", "#": "bold"}
+
+
+def diff_text(host: str, diff: FileDiff) -> list[str]:
+    """The lines that show one file's diff to people (every line already escaped)."""
+    head = f"# {host}: {printable(diff.path)} ({diff.kind})"
+    if diff.kind in ("text", "structured"):
+        lines = [head, *diff.lines] if diff.lines else [head, "  (no difference in content)"]
+    else:
+        lines = [head, f"  live:    {diff.live_digest or 'absent'}"
+                 + (f" ({diff.live_size} B)" if diff.live_size is not None else ""),
+                 f"  desired: {diff.desired_digest or 'absent'}"
+                 + (f" ({diff.desired_size} B)" if diff.desired_size is not None else "")]
+    if diff.note:
+        lines.append(f"  note: {printable(diff.note)}")
+    return lines
 
 
 def _md(text: str) -> str:
@@ -253,4 +285,10 @@ def to_markdown(results: list[HostResult], title: str,
     for r in results:
         for a in r.accounts:
             lines.append(f"- {_md(r.host)}: account: {_md(a)}")
+    for r in results:
+        for diff in r.diffs or ():
+            body = diff_text(r.host, diff)
+            fence = "`" * max(3, 1 + max((len(run) for line in body
+                                          for run in re.findall(r"`+", line)), default=0))
+            lines += ["", f"{fence}diff", *body, fence]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from typing import Protocol
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
 from fleetctl.hostcall import Unreadable
+from fleetctl.diffs import FileDiff
 from fleetctl.source import Ancestry
 
 # status -> exit code (DESIGN.md §4)
@@ -88,6 +89,8 @@ class HostResult:
         ancestry: how the source relates to ``commit`` (stale checkouts), when it was checked.
         identity: the name the host records as its own (``None``: not adopted yet).
         in_progress: the process holding the host's ship lock while drift scanned, if any.
+        diffs: with ``--diff``, each changed file's content diff (secrets: digests only);
+            ``None`` when not asked for.
     """
 
     host: str
@@ -112,6 +115,7 @@ class HostResult:
     ancestry: Ancestry | None = None
     identity: str | None = None
     in_progress: str | None = None
+    diffs: list[FileDiff] | None = None
 
     @property
     def exit_code(self) -> int:

@@ -16,9 +16,7 @@ files differ.
 from __future__ import annotations
 
 import concurrent.futures
-import getpass
 import json
-import socket
 import time
 import traceback
 import uuid
@@ -28,19 +26,32 @@ from typing import Callable, Iterator
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
+from fleetctl.diffs import diffs_for
 from fleetctl.drift import REFUSED_ORIGINS, Change
-from fleetctl.errors import (FleetctlError, HostError, IncompleteScan, InputError,
-                             ShipRefused)
-from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, interrupt_all, read_scan
+from fleetctl.errors import (
+    FleetctlError,
+    HostError,
+    IncompleteScan,
+    InputError,
+    ShipRefused,
+)
+from fleetctl.fanout import fan_out, wait_interruptible
+from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, read_scan
 from fleetctl.inventory import Host
 from fleetctl.manifest import FILE, Manifest, sha256_digest
 from fleetctl.names import printable
 from fleetctl.render import render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
-from fleetctl.scan import (account_problems, accounts_request, changes_for, desired_for,
-                           host_session, layout_problem)
+from fleetctl.scan import (
+    account_problems,
+    accounts_request,
+    changes_for,
+    desired_for,
+    host_session,
+    layout_problem,
+)
 from fleetctl.services import render_units, services_request
-from fleetctl.source import Ancestry, SourceState, ancestry
+from fleetctl.source import Ancestry, SourceState, ancestry, operator, utc_now
 from fleetctl.transport import open_transport
 
 
@@ -55,7 +66,7 @@ def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -
 
 
 def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
-               source: SourceState | None = None) -> HostResult:
+               source: SourceState | None = None, diff: bool = False) -> HostResult:
     """Scan one host and compare it with its desired tree (read-only: takes no lock).
 
     Besides the changes, the result names the commit the host runs and how the source relates
@@ -89,8 +100,12 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
                           "is incomplete, so the host cannot be called in sync", **common)
     accounts = account_problems(host, state)
     stale = found is not None and found.stale
-    return HostResult(host.name, "drift" if changes or accounts or stale else "in-sync",
-                      changes, accounts=accounts, **common)
+    result = HostResult(host.name, "drift" if changes or accounts or stale else "in-sync",
+                        changes, accounts=accounts, **common)
+    if diff:
+        progress.host_step(host.name, "diff")
+        result.diffs = diffs_for(host, tree.contents, changes)
+    return result
 
 
 def _target(host: Host) -> str:
@@ -145,6 +160,8 @@ class ShipOptions:
         skip_unreachable: ship the hosts that can be reached when others cannot be connected
             to (the fleet then ends split until those are shipped); otherwise an unreachable
             host holds every host back.
+        force_paths: overwrite the changes made on the host at these paths only (a directory
+            covers what is below it); other hand-patches still refuse. Recorded.
     """
 
     force: bool = False
@@ -153,6 +170,12 @@ class ShipOptions:
     allow_dirty: bool = False
     renamed_from: str | None = None
     skip_unreachable: bool = False
+    force_paths: tuple[str, ...] = ()
+
+    def forces(self, path: str) -> bool:
+        """Whether ``path`` may be overwritten although it was changed on the host."""
+        return self.force or any(path == p or path.startswith(p.rstrip("/") + "/")
+                                 for p in self.force_paths)
 
 
 def _release_id(desired: Manifest) -> str:
@@ -192,18 +215,19 @@ def check_plan(host: Host, state: LiveState, changes: list[Change], found: Ances
     if state.unreadable:
         raise IncompleteScan(f"{len(state.unreadable)} path(s) could not be read; refusing to "
                              "ship over a tree that was not fully seen")
-    refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
-    if refused and not options.force:
+    refused = [c for c in changes if c.origin in REFUSED_ORIGINS and not options.forces(c.path)]
+    if refused:
         paths = sorted({printable(c.path) for c in refused})
         shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
         secret_only = all(is_credential_path(c.path) for c in refused)
         raise ShipRefused(
             f"{len(paths)} path(s) would lose changes made on the host "
             f"({', '.join(sorted({c.origin for c in refused}))}): {shown}", step="plan",
-            hint="review with `fleetctl drift`; a credential file changed on the host is never "
-            "backported: ship with --force to put the granted one back" if secret_only else
-            "review with `fleetctl drift`, then backport the hand-patch into the blueprint or "
-            "ship with --force to overwrite it")
+            hint="review with `fleetctl drift --diff`; a credential file changed on the host is "
+            "never backported: ship with --force-path PATH to put the granted one back"
+            if secret_only else "review with `fleetctl drift --diff`, then `fleetctl backport "
+            f"{host.name}` to bring the hand-patch into the blueprint, or ship with "
+            "--force-path PATH (or --force) to overwrite it")
     if found.stale and not options.force and not no_op:
         raise ShipRefused(f"stale checkout: {found.describe()}", step="plan", hint=(
             "run `git fetch` and check out the commit the fleet runs (or a descendant)"
@@ -285,7 +309,7 @@ class HostShip:
         result.accounts = account_problems(host, state)
         no_op = not changes and state.shipped == desired and not result.accounts
         check_plan(host, state, changes, found, options, no_op)
-        refused = [c for c in changes if c.origin in REFUSED_ORIGINS]
+        overridden = sorted({c.path for c in changes if c.origin in REFUSED_ORIGINS})
         if options.approved is not None and options.approved.get(host.name) != result.plan_digest:
             raise ShipRefused("the host changed after the plan was confirmed; nothing was "
                               "shipped", hint="run ship again to see the new plan", step="plan")
@@ -299,19 +323,18 @@ class HostShip:
         self._secrets = _secret_plan(desired, state.live)
         release = _release_id(desired)
         identity = dict(state.identity) if state.identity else {
-            "id": uuid.uuid4().hex, "adopted": _now()}
+            "id": uuid.uuid4().hex, "adopted": utc_now()}
         identity["name"] = host.name
         forced = None
-        if options.force:
-            forced = {"paths": sorted({c.path for c in refused}),
-                      "stale": found.to_json() if found.stale else None}
+        if overridden or (options.force and found.stale):
+            forced = {"paths": overridden, "stale": found.to_json() if found.stale else None}
         self._command = {
             "cmd": "ship", "release": release, "keep": host.keep_releases,
             "desired": desired.to_json(), "sources": sources, "blob_count": len(self._blobs),
             "secret_count": len(self._secrets), "users": accounts_request(host)["accounts"],
             "ignore": ignore_regexes(self.blueprint), "identity": identity,
-            "meta": {"kind": "ship", "created": _now(), "fleetctl": __version__,
-                     "shipped_by": _who(), "previous": state.current,
+            "meta": {"kind": "ship", "created": utc_now(), "fleetctl": __version__,
+                     "shipped_by": operator(), "previous": state.current,
                      "desired_digest": desired.digest(), "source": self.source.to_json(),
                      "allow_dirty": options.allow_dirty and not self.source.clean,
                      "forced": forced, "host": host.name, "host_id": identity["id"]},
@@ -461,7 +484,7 @@ def _account_line(event: dict) -> str:
 
 
 def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: SourceState,
-              progress: Progress) -> HostResult:
+              progress: Progress, diff: bool = False) -> HostResult:
     """A dry run of one host: scan (read-only, no lock), plan, report what a ship would do.
 
     Raises:
@@ -481,6 +504,10 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
                         warnings=list(state.warnings), dry_run=True, commit=state.commit,
                         ancestry=found, identity=_identity_name(state),
                         in_progress=state.ship_in_progress)
+
+    if diff:
+        progress.host_step(host.name, "diff")
+        result.diffs = diffs_for(host, tree.contents, changes)
 
     def stop(status: str, error: str | None = None, hint: str | None = None,
              step: str | None = None) -> HostResult:
@@ -547,7 +574,7 @@ def ship_fleet(blueprint: Blueprint, hosts: list[Host], options: ShipOptions,
     # ends the host-side programs (interrupt_all) and the run still aborts and reports.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         done = pool.submit(_run_phases, ships, options, parallel)
-        _wait_interruptible([done])
+        wait_interruptible([done])
         done.result()
     for s in ships:
         if s.result.status in ("planning", "ready"):
@@ -660,23 +687,8 @@ def _each(ships: list[HostShip], phase: Callable[[HostShip], None], parallel: in
     running = [s for s in ships if _active(s)] if guard else ships
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = [pool.submit(one, s) for s in running]
-        _wait_interruptible(futures)
+        wait_interruptible(futures)
         return all(f.result() for f in futures)
-
-
-def _wait_interruptible(futures: list[concurrent.futures.Future]) -> None:
-    pending = set(futures)
-    while pending:
-        try:
-            _, pending = concurrent.futures.wait(pending, timeout=0.2)
-        except KeyboardInterrupt:
-            # Ctrl-C: end the host-side programs (a ship not yet switched leaves the previous
-            # release in use), start no new host, and still report every host.
-            interrupt_all()
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _planned_services(probe: dict | None, units: dict[str, bytes],
@@ -738,13 +750,6 @@ def _secret_plan(desired: Manifest, live: Manifest) -> list[str]:
     return wanted
 
 
-def _who() -> str:
-    try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except (KeyError, OSError):
-        return "unknown"
-
-
 def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: int,
               progress: Progress | None = None) -> list[HostResult]:
     """Run ``work`` on every host, ``parallel`` at a time; one result per host, in input order.
@@ -771,7 +776,4 @@ def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: i
         progress.host_finished(result)
         return result
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(one, host) for host in hosts]
-        _wait_interruptible(futures)
-        return [f.result() for f in futures]
+    return fan_out(hosts, one, parallel)

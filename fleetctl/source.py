@@ -13,8 +13,11 @@ Ancestry is git's own: ``merge-base --is-ancestor`` and ``rev-list --count``.
 
 from __future__ import annotations
 
+import getpass
 import os
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,3 +227,16 @@ def ancestry(source: SourceState, host_commit: str | None) -> Ancestry:
     ahead, behind = (int(n) for n in counts.stdout.split())
     relation = "ahead" if behind == 0 else "behind" if ahead == 0 else "diverged"
     return Ancestry(relation, host_commit, source.commit, ahead, behind)
+
+
+def operator() -> str:
+    """Who runs fleetctl, for provenance: ``user@machine`` (``"unknown"`` if it cannot be told)."""
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 to the second (``2026-12-01T15:36:43Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

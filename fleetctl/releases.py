@@ -1,0 +1,241 @@
+"""Releases on a host, their history, and rollback (docs/releases.md).
+
+A host keeps its releases beside each other (``<root>/releases/<id>``), each with a record of
+what it holds and where it came from (docs/provenance.md), and a history line for every ship and
+rollback (``<root>/.fleetctl/history.jsonl``). A rollback switches ``current`` back to an
+earlier release under the host's lock, after checking that release against its record.
+
+What a host returns is not trusted: release ids must be plain names, provenance values must have
+the expected types, and history lines that are not JSON objects are skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.errors import HostError
+from fleetctl.hostops import run_op
+from fleetctl.inventory import Host
+from fleetctl.source import operator, utc_now
+
+_RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _commit(source: Any) -> tuple[str | None, bool | None]:
+    """(commit, clean) from a record's ``source``, or ``(None, None)`` when not recorded."""
+    if not isinstance(source, dict):
+        return None, None
+    commit = source.get("commit")
+    clean = source.get("clean")
+    return (commit if isinstance(commit, str) and _COMMIT.match(commit) else None,
+            clean if isinstance(clean, bool) else None)
+
+
+def _forced(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value.get("paths") or value.get("stale"))
+    return bool(value) if isinstance(value, bool) else False
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInfo:
+    """One release on a host, from its record.
+
+    Attributes:
+        id: the release id (``20261130T013857332Z-b9a8ee0c``).
+        current: whether ``current`` points to it.
+        recorded: whether it has a record (one without is a leftover, never a rollback target).
+        created: UTC time of the ship (ISO 8601), if recorded.
+        commit: the blueprint commit (40 hex), if recorded.
+        clean: whether the source was exactly that commit, if recorded.
+        shipped_by: ``user@machine``, if recorded.
+        forced: whether hand-patches or a stale checkout were overridden.
+        allow_dirty: whether it was shipped from a dirty source with ``--allow-dirty``.
+    """
+
+    id: str
+    current: bool
+    recorded: bool
+    created: str | None = None
+    commit: str | None = None
+    clean: bool | None = None
+    shipped_by: str | None = None
+    forced: bool = False
+    allow_dirty: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The release as a JSON object (the keys above)."""
+        return {"id": self.id, "current": self.current, "recorded": self.recorded,
+                "created": self.created, "commit": self.commit, "clean": self.clean,
+                "shipped_by": self.shipped_by, "forced": self.forced,
+                "allow_dirty": self.allow_dirty}
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One ship or rollback on a host, from its history file.
+
+    Attributes:
+        host: the inventory name the command came through.
+        kind: ``ship`` or ``rollback``.
+        time: UTC time (ISO 8601).
+        by: ``user@machine``.
+        release: the release put in use.
+        previous: the release in use before.
+        commit: the blueprint commit of ``release``, if recorded.
+        clean: whether that source was clean, if recorded.
+        forced: whether anything was overridden (hand-patches, a stale checkout, a release
+            that differed from its record).
+    """
+
+    host: str
+    kind: str
+    time: str | None
+    by: str | None
+    release: str | None
+    previous: str | None
+    commit: str | None
+    clean: bool | None
+    forced: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a JSON object (the keys above)."""
+        return {"host": self.host, "kind": self.kind, "time": self.time, "by": self.by,
+                "release": self.release, "previous": self.previous, "commit": self.commit,
+                "clean": self.clean, "forced": self.forced}
+
+
+@dataclass(slots=True)
+class HostReleases:
+    """What ``releases`` and ``history`` read from one host.
+
+    Attributes:
+        host: the inventory name.
+        current: the release in use, or ``None``.
+        releases: every release, oldest first.
+        history: every ship and rollback recorded, oldest first.
+        warnings: lines of the host's answer that were not usable (skipped).
+        error: why the host could not be read (then the lists are empty).
+    """
+
+    host: str
+    current: str | None = None
+    releases: list[ReleaseInfo] = field(default_factory=list)
+    history: list[HistoryEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def read_releases(host: Host) -> HostReleases:
+    """Read a host's releases and history (read-only; takes no lock).
+
+    Raises:
+        HostError: the host cannot be reached or its program failed.
+    """
+    events = run_op(host, {"op": "releases"}, "releases-end")
+    out = HostReleases(host.name)
+    for event in events:
+        kind = event.get("t")
+        if kind == "releases":
+            current = event.get("current")
+            out.current = current if isinstance(current, str) and _RELEASE_ID.match(current) \
+                else None
+        elif kind == "release":
+            rid = event.get("id")
+            if not isinstance(rid, str) or not _RELEASE_ID.match(rid):
+                out.warnings.append(f"skipped a release with a name that is not a release id: "
+                                    f"{rid!r:.80}")
+                continue
+            meta = event.get("meta") if isinstance(event.get("meta"), dict) else {}
+            commit, clean = _commit(meta.get("source"))
+            out.releases.append(ReleaseInfo(
+                rid, rid == out.current, bool(event.get("recorded")), _text(meta.get("created")),
+                commit, clean, _text(meta.get("shipped_by")), _forced(meta.get("forced")),
+                meta.get("allow_dirty") is True))
+        elif kind == "history":
+            entry = _history_entry(host.name, event.get("line"))
+            if entry is None:
+                out.warnings.append("skipped a history line that is not a ship or rollback "
+                                    "record")
+            else:
+                out.history.append(entry)
+        elif kind == "warning":
+            out.warnings.append(str(event.get("message")))
+    return out
+
+
+def _history_entry(host: str, line: Any) -> HistoryEntry | None:
+    try:
+        data = json.loads(line) if isinstance(line, str) else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("kind") not in ("ship", "rollback"):
+        return None
+    release, previous = _text(data.get("release")), _text(data.get("previous"))
+    if release is not None and not _RELEASE_ID.match(release):
+        return None
+    if previous is not None and not _RELEASE_ID.match(previous):
+        previous = None
+    commit, clean = _commit(data.get("source"))
+    return HistoryEntry(_text(data.get("host")) or host, data["kind"], _text(data.get("time")),
+                        _text(data.get("by")), release, previous, commit, clean,
+                        _forced(data.get("forced")))
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackResult:
+    """What a rollback did.
+
+    Attributes:
+        host: the inventory name.
+        release: the release now in use.
+        previous: the release in use before.
+        differences: with ``force``, how the release differed from its record (paths and
+            kinds); empty when it matched.
+    """
+
+    host: str
+    release: str
+    previous: str
+    differences: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as a JSON object (the keys above)."""
+        return {"host": self.host, "release": self.release, "previous": self.previous,
+                "differences": list(self.differences)}
+
+
+def rollback(host: Host, to: str | None = None, force: bool = False) -> RollbackResult:
+    """Switch a host back to an earlier release, atomically, under its lock.
+
+    Args:
+        host: the host.
+        to: the release id; ``None`` for the release the current one replaced (``previous`` in
+            its record), or else the newest older one.
+        force: switch even when the release differs from its record (recorded).
+
+    Raises:
+        InputError-like HostError: no such release, nothing to roll back to.
+        ShipRefused: the host is locked by a ship, or the release was changed since it was
+            shipped (its differences named) and ``force`` was not given.
+    """
+    if to is not None and not _RELEASE_ID.match(to):
+        raise HostError(f"{host.name}: {to!r} is not a release id",
+                        hint=f"see `fleetctl releases {host.name}`")
+    events = run_op(host, {"op": "rollback", "to": to, "force": force, "host": host.name,
+                           "time": utc_now(), "by": operator()}, "done")
+    done = events[-1]
+    release, previous = _text(done.get("release")), _text(done.get("previous"))
+    if release is None or previous is None:
+        raise HostError(f"{host.name}: the host's answer to the rollback is not usable")
+    differences = done.get("differences") if isinstance(done.get("differences"), list) else []
+    return RollbackResult(host.name, release, previous, tuple(str(d) for d in differences))
+
