@@ -413,3 +413,27 @@ def test_markdown_of_a_very_large_fleet_stays_under_the_limit():
     md = to_markdown(_doc_with(3000, hosts=3000))
     assert len(md.encode("utf-8")) <= MARKDOWN_LIMIT_BYTES
     assert "**Truncated**" in md
+
+
+def test_undecodable_and_control_characters_in_names(tmp_path):
+    """A name with a byte that is not UTF-8 and a terminal escape: the JSON subject is the
+    reversible escape (json.md), and no raw control character reaches Markdown, JUnit (which
+    must stay XML 1.0) or HTML."""
+    inv, bp = make_fleet(tmp_path, hosts=("h1",))
+    raw = b"bad-\xff-\x1b[31m-red.txt"
+    with open(os.path.join(os.fsencode(live(tmp_path, "h1") / "runner"), raw), "wb") as fh:
+        fh.write(b"x\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    run = cli("report", "--format", "json", "--markdown", str(out / "r.md"), "--junit",
+              str(out / "r.xml"), "--html", str(out / "r.html"), "--no-ledgers",
+              inventory=inv, blueprint=bp)
+    assert run.code == 1, run.stdout + run.stderr
+    (finding,) = run.doc["findings"]
+    assert finding["subject"] == "runner/bad-\\xff-\x1b[31m-red.txt"
+    ET.parse(out / "r.xml")
+    for name in ("r.md", "r.xml", "r.html"):
+        text = (out / name).read_text(encoding="utf-8")
+        assert "\x1b" not in text, name
+        shown = text.replace("\\\\", "\\").replace("\\[", "[")  # Markdown's escapes undone
+        assert "bad-\\xff-\\x1b[31m-red.txt" in shown, name
