@@ -291,8 +291,14 @@ def to_junit(doc: dict[str, Any]) -> str:
     xml.update_statistics()
     import xml.etree.ElementTree as ET
 
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(
+    text = '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(
         xml._elem, encoding="unicode") + "\n"
+    # Read back before it is written: what a CI's JUnit reader gets must parse, with the same
+    # number of cases.
+    back = JUnitXml.fromstring(text.encode("utf-8"))
+    if sum(1 for suite in back for _ in suite) != sum(1 for suite in xml for _ in suite):
+        raise AssertionError("the JUnit XML did not read back whole")
+    return text
 
 
 # -- html ---------------------------------------------------------------------------------------
