@@ -13,8 +13,8 @@ failure never stops the others) gives:
   tokens per turn (median and last of the ledger's last 200 turns).
 
 Exit codes (DESIGN.md §4): 0 nothing needs attention, 1 attention needed (an escalation
-waiting, a last task that gave up or was denied, a host with no release), 2 a host could not be
-read.
+waiting, a last task that gave up, was denied or refused, a host with no release), 2 a host, or
+an agent's records, could not be read.
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ class FleetStatus:
 
     @property
     def exit_code(self) -> int:
-        if any(h.status == "error" for h in self.hosts):
+        """2 when a host or an agent's records could not be read, 1 when something needs a
+        person, else 0."""
+        if any(h.status == "error" or any(a.errors for a in h.agents) for h in self.hosts):
             return EXIT_ERROR
         if any(h.release is None or any(a.attention for a in h.agents) for h in self.hosts):
             return EXIT_FINDINGS

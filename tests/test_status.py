@@ -134,3 +134,18 @@ def test_status_unreachable_host_is_exit_2(tmp_path):
     hosts = {h["host"]: h for h in run.doc["hosts"]}
     assert hosts["down"]["status"] == "error" and hosts["down"]["error"]
     assert hosts["up"]["status"] == "ok" and hosts["up"]["release"] is None
+
+
+def test_status_events_parsed_as_recorded():
+    """The status op's events, recorded in tests/data/status/events.json, and what they mean."""
+    from fleetctl.status import AgentStatus, FleetStatus, HostStatus, apply_events
+
+    case = json.loads((Path(__file__).parent / "data" / "status" / "events.json").read_text())
+    host = HostStatus("alpha", agents=[AgentStatus("alpha", a, "r") for a in case["agents"]])
+    apply_events(host, case["events"])
+    want = case["expected"]
+    assert {k: getattr(host, k) for k in want["host"]} == want["host"]
+    for a in host.agents:
+        got = a.to_json()
+        assert {k: got[k] for k in want["agents"][a.agent]} == want["agents"][a.agent], a.agent
+    assert FleetStatus([host]).exit_code == want["exit_code"]
