@@ -346,12 +346,21 @@ _JS = """
       if(el.type==='checkbox')el.checked=(v==='1'); else el.value=v;
     });
   }
+  form.addEventListener('submit',function(e){e.preventDefault();});
   form.addEventListener('input',apply);form.addEventListener('change',apply);
   window.addEventListener('hashchange',function(){fromHash();apply();});
   fromHash();apply();
   document.body.setAttribute('data-ready','1');
 })();
 """
+
+
+def _csp_hash(text: str) -> str:
+    """A CSP source for an inline ``<style>`` or ``<script>`` with exactly ``text``."""
+    import base64
+    import hashlib
+
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
 
 
 def _e(text: Any) -> str:
@@ -441,12 +450,15 @@ def to_html(doc: dict[str, Any]) -> str:
     night; each agent's prefix tokens per turn) as inline SVG, and the findings with filters
     (check, kind, state, host, text, failing only; also from the URL's ``#kind=...&state=...``).
 
-    The page fetches nothing (its CSP says ``default-src 'none'``) and marks ``<body
+    The page fetches nothing (its CSP says ``default-src 'none'``), runs only its own style
+    and script (allowed by their sha256 in the CSP, not ``unsafe-inline``), and marks ``<body
     data-ready="1">`` when its script has run.
     """
     checks = _checks_by_host(doc)
-    csp = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-           "img-src data:")
+    # Only this page's own style and script may run, named by their digests: even a host's
+    # text that escaped escaping could not add a script, a handler or a fetch.
+    csp = (f"default-src 'none'; style-src '{_csp_hash(_CSS)}'; "
+           f"script-src '{_csp_hash(_JS)}'; img-src data:")
     p = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
          f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
          f'<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -489,7 +501,7 @@ def to_html(doc: dict[str, Any]) -> str:
                 "</select></label>")
 
     found = doc["findings"]
-    p.append('<section id="findings"><h2>Findings</h2><form id="filters" onsubmit="return false">'
+    p.append('<section id="findings"><h2>Findings</h2><form id="filters">'
              + options("check", sorted({f["check"] for f in found}))
              + options("kind", sorted({f["kind"] for f in found}))
              + options("state", sorted({f["state"] for f in found}))

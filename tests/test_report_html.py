@@ -149,3 +149,25 @@ def test_html_report_in_headless_chromium(tmp_path):
     assert console == []
     width, height, colours = png_size_and_colours(shot)
     assert (width, height) == (1280, 1600) and colours > 8
+
+
+def test_a_script_that_slipped_into_the_page_would_not_run(tmp_path):
+    """Defence in depth: the page's CSP allows its own script by digest only. The same page
+    with one more inline script (as if a host's text had escaped escaping) still runs its own
+    (data-ready) but not the added one, and Chromium reports the refusal."""
+    from fleetctl.nightly_render import to_html
+    from tests.test_report import _doc_with
+
+    page = to_html(_doc_with(3))
+    tampered = page.replace("</h1>", "</h1><script>document.title='PWNED'</script>", 1)
+    path = tmp_path / "tampered.html"
+    path.write_text(tampered)
+    dom_text, console = chromium(tmp_path, path.as_uri(), "--dump-dom")
+    dom = Dom(dom_text)
+    assert dom.tags["body"][0].get("data-ready") == "1"
+    assert "PWNED" not in dom_text.split("<h1>")[0]  # the title was not changed
+    assert any("Content Security Policy" in line for line in console), console
+    clean = tmp_path / "clean.html"
+    clean.write_text(page)
+    _, console = chromium(tmp_path, clean.as_uri(), "--dump-dom")
+    assert console == []
