@@ -149,3 +149,24 @@ def test_status_events_parsed_as_recorded():
         got = a.to_json()
         assert {k: got[k] for k in want["agents"][a.agent]} == want["agents"][a.agent], a.agent
     assert FleetStatus([host]).exit_code == want["exit_code"]
+
+
+def test_status_over_ssh(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """The status op over a real sshd box: the release and commit the ship recorded; an agent
+    that has not run yet has no task, no escalation, no turns."""
+    from tests.helpers import make_project, ssh_host
+
+    bp = make_project(tmp_path, {"runner": {"x.txt": "x\n"}})
+    root = tmp_path / "box-root"
+    inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(
+        sshd_pool[2], ssh_client_key, ssh_known_hosts, root, agents={"w1": {"role": "worker"}})})
+    shipped = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert shipped.code == 0, shipped.stdout + shipped.stderr
+    run = cli("status", "--json", inventory=inv, blueprint=bp)
+    assert run.code == 0, run.stdout + run.stderr
+    (h,) = run.doc["hosts"]
+    assert (h["host"], h["status"], h["release"], h["commit"]) == (
+        "web1", "ok", shipped.host("web1")["release"], shipped.doc["source"]["commit"])
+    (a,) = h["agents"]
+    assert (a["agent"], a["last_task"], a["escalations_waiting"], a["turns"]) == (
+        "w1", None, 0, 0)
