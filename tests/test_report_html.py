@@ -22,12 +22,13 @@ from tests.helpers import cli, git
 from tests.test_report import HOSTILE, live, make_fleet
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
-                                "(scripts/setup.sh --test installs Debian's)")
 
 
 def chromium(tmp: Path, url: str, *args: str) -> tuple[str, list[str]]:
-    """Run headless Chromium on ``url``; return (stdout, console lines)."""
+    """Run headless Chromium on ``url``; return (stdout, console lines). A missing browser
+    fails the test (never a skip that would hide a missing install step)."""
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: run scripts/setup.sh --test (Debian's chromium)")
     profile = tmp / "chromium-profile"
     done = subprocess.run(
         [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
