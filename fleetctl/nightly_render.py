@@ -291,6 +291,7 @@ def to_junit(doc: dict[str, Any]) -> str:
     xml.update_statistics()
     import xml.etree.ElementTree as ET
 
+    ET.indent(xml._elem)  # whitespace between elements only: failure texts are unchanged
     text = '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(
         xml._elem, encoding="unicode") + "\n"
     # Read back before it is written: what a CI's JUnit reader gets must parse, with the same
