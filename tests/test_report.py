@@ -20,7 +20,8 @@ import jsonschema
 import pytest
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from tests.helpers import cli, commit_project, local_host, make_project, write_inventory
+from tests.helpers import cli, commit_project, git, local_host, make_project, write_inventory
+from tests.test_credentials import host_root  # noqa: F401 - a fixture the secrets test uses
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
@@ -437,3 +438,34 @@ def test_undecodable_and_control_characters_in_names(tmp_path):
         assert "\x1b" not in text, name
         shown = text.replace("\\\\", "\\").replace("\\[", "[")  # Markdown's escapes undone
         assert "bad-\\xff-\\x1b[31m-red.txt" in shown, name
+
+
+def test_a_rotated_secret_is_reported_by_digest_only(tmp_path, host_root, real_users,
+                                                      monkeypatch):
+    """A grant's secret rotated since the ship: the report has a pending finding for the
+    credential file, marked secret, in every format, and neither value in any of them."""
+    from tests.test_credentials import Fleet, tok
+
+    fleet = Fleet(tmp_path, host_root, real_users, monkeypatch)
+    shutil.copytree(REPO / "blueprint" / "runner", fleet.bp / "runner", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "the real runner (the token audit measures with it)")
+    old = fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    new = fleet.secret("TOK_A")
+    out = tmp_path / "out"
+    out.mkdir()
+    run = fleet.run("report", "--format", "text", "--json", str(out / "r.json"), "--markdown",
+                    str(out / "r.md"), "--junit", str(out / "r.xml"), "--html",
+                    str(out / "r.html"), "--no-ledgers", "--fail-on", "drift")
+    assert run.code == 1, run.stdout + run.stderr
+    doc = json.loads((out / "r.json").read_text())
+    (finding,) = [f for f in doc["findings"] if f["check"] == "drift"]
+    assert (finding["kind"], finding["subject"]) == ("pending", "credentials/a/tok.env")
+    (change,) = finding["detail"]["changes"]
+    assert change["secret"] is True and change["after"]["digest"].startswith("sha256:")
+    assert "secret: digests only" in finding["message"]
+    for text in [run.stdout, run.stderr] + [p.read_text() for p in out.iterdir()]:
+        assert old not in text and new not in text
