@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import stat
 import subprocess
 from dataclasses import dataclass, field
@@ -36,15 +37,25 @@ from typing import Any, Callable
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import FileDiff, diff_contents, safe_line
-from fleetctl.drift import CONFLICT, EXTRA, HAND_PATCH, MISSING, PENDING, UNKNOWN, Change
+from fleetctl.drift import (
+    CONFLICT,
+    EXTRA,
+    HAND_PATCH,
+    MISSING,
+    PENDING,
+    UNKNOWN,
+    Change,
+)
 from fleetctl.errors import HostError, InputError
 from fleetctl.inventory import Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, sha256_digest
-from fleetctl.names import printable
+from fleetctl.names import escape_name, printable, safe_text
+from fleetctl.plan import identity_problem
 from fleetctl.render import TEMPLATE_SUFFIX, render_host
 from fleetctl.scan import changes_for, host_session
 
 WRITTEN, REMOVED, REFUSED, NOTHING = "written", "removed", "refused", "nothing"
+BACKPORT_MAX_BYTES = 256 << 20  # a hand-patched file up to 256 MiB is brought home
 _GIT_MODES = {"0644", "0755"}
 
 
@@ -67,8 +78,11 @@ class BackportItem:
     diff: FileDiff | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The item as a JSON object (``diff`` as in ``drift --diff``)."""
-        return {"path": self.path, "action": self.action, "reason": self.reason,
+        """The item as a JSON object (``diff`` as in ``drift --diff``; a path that is not
+        valid UTF-8 escaped, with ``path_escaped``)."""
+        path, escaped = escape_name(self.path)
+        return {"path": path, **({"path_escaped": True} if escaped else {}),
+                "action": self.action, "reason": safe_text(self.reason) if self.reason else None,
                 "diff": self.diff.to_json() if self.diff else None}
 
 
@@ -116,8 +130,6 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
     tree = render_host(blueprint, host, with_credentials=False)
     with host_session(host, "scan") as (_call, _events, state):
         changes = changes_for(blueprint, tree, state)
-    from fleetctl.ship import identity_problem  # the same identity rule as drift and ship
-
     problem = identity_problem(host, state)
     if problem:
         raise HostError(problem[0], hint=problem[1], step="scan")
@@ -148,12 +160,14 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
                                              "blueprint's change it replaces)"))
     for path in patched_secrets:
         if not wanted or named(path):
-            result.items.append(BackportItem(path, REFUSED, _credential_reason(host, path)))
+            was = state.shipped.get(path) if state.shipped is not None else None
+            result.items.append(BackportItem(path, REFUSED,
+                                             _credential_reason(host, path, was is not None)))
     for path in wanted:
         if not any(p == path or p.startswith(path + "/") for p in [*by_path, *patched_secrets]):
             result.items.append(BackportItem(path, NOTHING, "no change on the host there"))
     live_files = [p for p, cs in picked.items() if _live_file(cs) and not is_credential_path(p)]
-    contents = read(host, live_files) if live_files else {}
+    contents = read(host, live_files, BACKPORT_MAX_BYTES) if live_files else {}
     for path, found in picked.items():
         result.items.append(_one(blueprint, host, tree.contents, path, found, contents))
     result.items.sort(key=lambda i: i.path)
@@ -182,8 +196,9 @@ def _hand_patched_credentials(state: Any) -> list[str]:
 
 
 def _plain(path: str) -> str:
-    parts = path.strip("/").split("/")
-    if not path.strip("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
+    parts = path.rstrip("/").split("/")
+    if not path.rstrip("/") or path.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+            or "\0" in path:
         raise InputError(f"{path!r}: not a plain path relative to the managed tree",
                          hint="name paths as drift shows them, e.g. runner/README")
     return "/".join(parts)
@@ -218,7 +233,7 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
             want_bytes = desired_contents.get(want.digest) if want is not None and \
                 want.type == FILE else None
             if isinstance(body, bytes) and sha256_digest(body) == live.digest:
-                diff = diff_contents(path, want_bytes, body)
+                diff = diff_contents(path, want_bytes, body, labels=("rendered", "live"))
         return BackportItem(path, REFUSED, f"rendered from the template {source}: fold the "
                             "change into the template by hand (the diff shows rendered → live)",
                             diff)
@@ -228,15 +243,16 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
         return _apply(blueprint.root, path, lambda: _remove(blueprint.root, path), REMOVED)
     if live.type == SYMLINK:
         target = live.target or ""
-        if target.startswith("/") or "\0" in target:
-            return BackportItem(path, REFUSED, f"a symlink to an absolute path "
-                                f"({printable(target)}): refused, it would point outside the "
-                                "tree")
+        lands = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        if target.startswith("/") or "\0" in target or lands == ".." or \
+                lands.startswith("../"):
+            return BackportItem(path, REFUSED, f"a symlink that leads out of the tree "
+                                f"({printable(target)}): refused")
         return _apply(blueprint.root, path, lambda: _write_link(blueprint.root, path, target),
                       WRITTEN)
     if live.type != FILE:
-        return BackportItem(path, REFUSED, f"a {live.type} on the host: only files and "
-                            "symlinks are brought home")
+        return BackportItem(path, REFUSED, "a special file (fifo, socket or device) on the "
+                            "host: only files and symlinks are brought home")
     rule = blueprint.file_rule(path)
     if "mode" in kinds or EXTRA in kinds:
         if rule and rule.mode and live.mode != rule.mode:
@@ -265,14 +281,15 @@ def _under_shipped_dir(blueprint: Blueprint, path: str) -> bool:
     return parts[0] == "skills" and len(parts) > 2 and parts[1] in blueprint.skills
 
 
-def _credential_reason(host: Host, path: str) -> str:
+def _credential_reason(host: Host, path: str, shipped: bool = True) -> str:
     parts = path.split("/")
     agent = next((a for a in host.agents if len(parts) > 1 and a.name == parts[1]), None)
     grants = ", ".join(g.capability for g in agent.grants) if agent else ""
-    owner = (f"agent {agent.name}'s grants ({grants or 'none'})" if agent else
+    owner = (f"agent {agent.name}, whose grants are {grants or 'none'}" if agent else
              "no agent of this host")
-    return (f"a credential file, rendered from {owner}: never backported; change the secret "
-            "at its source, or `ship --force-path` to put the granted one back")
+    what = "a credential file" if shipped else "a file added under credentials/"
+    return (f"{what} ({owner}): never backported; a secret is changed at its source, and "
+            "`ship --force-path PATH` puts the granted files back")
 
 
 def _apply(root: Path, path: str, action: Callable[[], None], done: str) -> BackportItem:
@@ -380,8 +397,8 @@ def _git_diff(root: Path, paths: list[str]) -> list[str]:
         return []
     specs = [str(root / p) for p in paths]
     env = {**os.environ, "GIT_PAGER": "cat", "LC_ALL": "C"}
-    tracked = subprocess.run(["git", "-C", str(root), "diff", "--no-color", "--", *specs],
-                             capture_output=True, check=False, env=env).stdout
+    tracked = subprocess.run(["git", "-C", str(root), "diff", "--no-color", "--relative", "--",
+                              *specs], capture_output=True, check=False, env=env).stdout
     untracked = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-o",
                                 "--exclude-standard", "--", *specs],
                                capture_output=True, check=False, env=env).stdout

@@ -8,6 +8,7 @@ Data goes to stdout (or ``--output``); messages, progress and prompts go to stde
 from __future__ import annotations
 
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -34,8 +35,15 @@ from fleetctl.cli_common import (
 )
 from fleetctl.cli_releases import register as register_day_two
 from fleetctl.cli_tokens import tokens_command
-from fleetctl.errors import EXIT_REFUSED, FleetctlError, InputError, worst_exit
+from fleetctl.errors import (
+    EXIT_ERROR,
+    EXIT_REFUSED,
+    FleetctlError,
+    InputError,
+    worst_exit,
+)
 from fleetctl.inventory import Inventory, load_inventory
+from fleetctl.names import safe_text
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
@@ -66,6 +74,16 @@ def _load(inventory: Optional[Path], blueprint: Optional[Path],
     if timeout_s is not None:
         inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
     return inv, bp
+
+
+def _tree_path(path: str, option: str) -> str:
+    """A path as drift shows them (relative to the managed tree), or an InputError."""
+    parts = path.rstrip("/").split("/")
+    if not path.rstrip("/") or path.startswith("/") or "\0" in path or \
+            any(p in ("", ".", "..") for p in parts):
+        raise InputError(f"{option} {path!r}: not a plain path relative to the managed tree",
+                         hint="name paths as drift shows them, e.g. runner/README")
+    return "/".join(parts)
 
 
 def _source(inv: Inventory, bp: Blueprint) -> SourceState:
@@ -153,13 +171,29 @@ def _report(results: list[HostResult], command: str, fmt: Format, target: Report
     return code
 
 
-def _guard(fn: Callable[[], int]) -> None:
-    """Run a command body; map errors to a message on stderr and an exit code."""
+def _guard(fn: Callable[[], int], debug: bool = False) -> None:
+    """Run a command body: the one way out of every command.
+
+    A user-facing error prints its message and hint and exits with its code; anything else is
+    an internal error: one line saying so and how to see more, exit 2 (never 1, which CI reads
+    as "findings"), the traceback only with ``--debug``.
+    """
     try:
         code = fn()
     except FleetctlError as exc:
         print_error(exc)
         raise typer.Exit(exc.exit_code) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error is reported
+        if debug:
+            err.print(traceback.format_exc(), markup=False, highlight=False)
+        err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
+                  markup=False, highlight=False, soft_wrap=True)
+        err.print("hint: please report this traceback" if debug else
+                  "hint: rerun with --debug for the traceback, and report it",
+                  markup=False, highlight=False)
+        raise typer.Exit(EXIT_ERROR) from None
     raise typer.Exit(code)
 
 
@@ -188,7 +222,7 @@ def drift(
             selected, lambda h: drift_host(bp, h, p, source, diff), parallel, p))
         return _report(results, "drift", fmt, target, debug, source, quiet)
 
-    _guard(body)
+    _guard(body, debug)
 
 
 @app.command()
@@ -238,7 +272,8 @@ def ship(
         source = _source(inv, bp)
         options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
                               renamed_from=renamed_from, skip_unreachable=skip_unreachable,
-                              force_paths=tuple(p.strip("/") for p in force_path or ()))
+                              force_paths=tuple(_tree_path(p, "--force-path")
+                                                for p in force_path or ()))
         refusal = source_refusal(source, options)
         if dry_run or refusal is not None:
             results = [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,
@@ -277,7 +312,7 @@ def ship(
                                                       parallel, p))
         return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)
 
-    _guard(body)
+    _guard(body, debug)
 
 
 @app.command()
@@ -286,6 +321,7 @@ def render(
     out: Path = typer.Option(..., "--out", help="An empty or new directory to write it to."),
     inventory: Optional[Path] = InventoryOpt,
     blueprint: Optional[Path] = BlueprintOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Write one host's desired tree locally (exit 0, or 2 on error).
 
@@ -304,7 +340,7 @@ def render(
                       "written to local disk (`fleetctl drift` shows their digests)")
         return 0
 
-    _guard(body)
+    _guard(body, debug)
 
 
 app.command("tokens")(tokens_command)

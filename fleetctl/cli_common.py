@@ -36,7 +36,8 @@ def find_project() -> Path:
 
 def print_error(exc: FleetctlError) -> None:
     """Print a user-facing error and its hint on stderr, names escaped, no traceback."""
-    err.print(f"error: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
+    label = "refused" if exc.exit_code == 3 else "error"
+    err.print(f"{label}: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
     if exc.hint:
         err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
 

@@ -82,7 +82,7 @@ def audit(
             err.print("no hosts selected: the inventory has none")
         return report.exit_code
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def _with_progress(fn, static: bool) -> AuditReport:

@@ -49,6 +49,18 @@ def _inventory(inventory: Optional[Path], timeout_s: float) -> Any:
     return Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
 
 
+def _or_document(command: str, fmt: Format, target: Any, host: str, fn: Any) -> Any:
+    """Run ``fn``; with ``--format json``, a failure still writes a document (its error, hint
+    and exit code) before it is reported and exits: CI always gets something to parse."""
+    try:
+        return fn()
+    except FleetctlError as exc:
+        if fmt is Format.json:
+            target.write(_document(command, exc.exit_code, host=host, error=exc.message,
+                                   hint=exc.hint))
+        raise
+
+
 def _document(command: str, exit_code: int, **body: Any) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "command": command,
                        "exit_code": exit_code, **body}, indent=2, ensure_ascii=False) + "\n"
@@ -60,6 +72,7 @@ def releases_command(
     fmt: Format = FormatOpt,
     output: Optional[Path] = OutputOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """List a host's releases: time, commit, source, who, forced, current (exit 0, 2 error)."""
     from fleetctl.cli import ReportTarget, _guard
@@ -69,7 +82,7 @@ def releases_command(
         inv = _inventory(inventory, timeout)
         (selected,) = inv.select([host])
         target = ReportTarget(output)
-        found = read_releases(selected)
+        found = _or_document("releases", fmt, target, host, lambda: read_releases(selected))
         if fmt is Format.json:
             target.write(_document("releases", EXIT_OK, host=found.host, current=found.current,
                                    releases=[r.to_json() for r in found.releases],
@@ -87,12 +100,16 @@ def releases_command(
                           (r.commit or "-")[:12], source, printable(r.shipped_by or "-"),
                           "yes" if r.forced else "" if r.recorded else "no record")
         console.print(table)
+        for r in found.releases:
+            if r.problem:
+                console.print(Text(f"warning: release {r.id}: {printable(r.problem)} (not a "
+                                   "rollback target)", style="yellow"), soft_wrap=True)
         for warning in found.warnings:
             console.print(Text(f"warning: {printable(warning)}", style="yellow"))
         target.write("")
         return EXIT_OK
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def rollback_command(
@@ -106,6 +123,7 @@ def rollback_command(
     fmt: Format = FormatOpt,
     output: Optional[Path] = OutputOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Switch a host back to an earlier verified release (exit 0, 3 refused, 2 error).
 
@@ -119,16 +137,20 @@ def rollback_command(
         inv = _inventory(inventory, timeout)
         (selected,) = inv.select([host])
         target = ReportTarget(output)
-        done = rollback(selected, to, force)
+        done = _or_document("rollback", fmt, target, host,
+                            lambda: rollback(selected, to, force))
         if fmt is Format.json:
             target.write(_document("rollback", EXIT_OK, **done.to_json()))
+        elif done.unchanged:
+            target.write(f"{done.host}: release {done.release} is already in use; nothing "
+                         "to do\n")
         else:
             target.write(f"{done.host}: rolled back from {done.previous} to {done.release}\n")
             for difference in done.differences:
                 err.print(Text(f"  forced over: {printable(difference)}", style="yellow"))
         return EXIT_OK
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def history_command(
@@ -138,6 +160,7 @@ def history_command(
     output: Optional[Path] = OutputOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
+    debug: bool = DebugOpt,
 ) -> None:
     """Who shipped or rolled back what, when, from which commit (exit 0, 2 unreadable host)."""
     from fleetctl.cli import ReportTarget, _guard
@@ -182,7 +205,7 @@ def history_command(
         target.write("")
         return code
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def backport_command(
@@ -231,7 +254,7 @@ def backport_command(
         target.write("\n".join(lines) + "\n")
         return code
 
-    _guard(body)
+    _guard(body, debug)
 
 
 def register(app: typer.Typer) -> None:

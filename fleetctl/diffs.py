@@ -18,7 +18,7 @@ import yaml
 from deepdiff import DeepDiff
 
 from fleetctl.manifest import sha256_digest
-from fleetctl.names import printable
+from fleetctl.names import escape_name, printable
 
 TEXT, STRUCTURED, BINARY, SECRET, TOO_LARGE, UNAVAILABLE = (
     "text", "structured", "binary", "secret", "too-large", "unavailable")
@@ -52,8 +52,11 @@ class FileDiff:
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The diff as a JSON object (the keys above)."""
-        return {"path": self.path, "kind": self.kind, "lines": list(self.lines),
+        """The diff as a JSON object (the keys above; a path that is not valid UTF-8 escaped,
+        with ``path_escaped``)."""
+        path, escaped = escape_name(self.path)
+        return {"path": path, **({"path_escaped": True} if escaped else {}),
+                "kind": self.kind, "lines": list(self.lines),
                 "live_digest": self.live_digest, "desired_digest": self.desired_digest,
                 "live_size": self.live_size, "desired_size": self.desired_size,
                 "note": self.note}
@@ -74,10 +77,16 @@ def _decode(data: bytes) -> str | None:
         return None
 
 
-def diff_contents(path: str, live: bytes | None, desired: bytes | None) -> FileDiff:
+def diff_contents(path: str, live: bytes | None, desired: bytes | None,
+                  labels: tuple[str, str] = ("live", "desired")) -> FileDiff:
     """Compare a live file's content with the desired content (``None``: the file is absent).
 
-    Returns a :class:`FileDiff` of kind ``text``, ``structured`` or ``binary``.
+    Args:
+        labels: the names of the two sides in a text diff's headers (``live/<path>``, ...).
+
+    Returns a :class:`FileDiff` of kind ``text``, ``structured`` or ``binary``. A YAML or
+    JSON file whose data is equal but whose text is not (indentation, comments, key order) is
+    shown as text, with a note.
     """
     sizes = dict(live_size=None if live is None else len(live),
                  desired_size=None if desired is None else len(desired),
@@ -93,13 +102,15 @@ def diff_contents(path: str, live: bytes | None, desired: bytes | None) -> FileD
     if flavour is not None and live is not None and desired is not None:
         try:
             lines = _structured(flavour, live_text, want_text)
-            return _cut(FileDiff(path, STRUCTURED, tuple(lines), **sizes))
+            if lines:
+                return _cut(FileDiff(path, STRUCTURED, tuple(lines), **sizes))
+            note = "the same data, written differently: shown as text"
         except (ValueError, yaml.YAMLError) as exc:
             note = f"not valid {flavour.upper()} ({printable(str(exc).splitlines()[0])}): " \
                    "shown as text"
     lines = [line.rstrip("\n") for line in difflib.unified_diff(
         live_text.splitlines(keepends=True), want_text.splitlines(keepends=True),
-        fromfile=f"live/{path}", tofile=f"desired/{path}", n=3)]
+        fromfile=f"{labels[0]}/{path}", tofile=f"{labels[1]}/{path}", n=3)]
     return _cut(FileDiff(path, TEXT, tuple(safe_line(line) for line in lines), note=note,
                          **sizes))
 

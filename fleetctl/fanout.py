@@ -9,6 +9,8 @@ still reported.
 from __future__ import annotations
 
 import concurrent.futures
+import signal
+import threading
 from typing import Callable, Sequence, TypeVar
 
 from fleetctl.hostcall import interrupt_all
@@ -18,12 +20,19 @@ R = TypeVar("R")
 
 
 def wait_interruptible(futures: Sequence[concurrent.futures.Future]) -> None:
-    """Wait for every future; on Ctrl-C, interrupt the host programs and keep waiting."""
+    """Wait for every future; on Ctrl-C, interrupt the host programs and keep waiting.
+
+    After the first Ctrl-C, further ones are ignored until the process ends: the host programs
+    are already being ended, and what remains (aborting prepared hosts, the report saying where
+    each host stopped) takes seconds and must not itself be cut short.
+    """
     pending = set(futures)
     while pending:
         try:
             _, pending = concurrent.futures.wait(pending, timeout=0.2)
         except KeyboardInterrupt:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             interrupt_all()
 
 

@@ -259,6 +259,16 @@ def error_from_event(label: str, event: dict) -> Exception:
                      step=event.get("step"))
 
 
+def valid_tree_path(path: Any) -> bool:
+    """Whether ``path`` is a plain path relative to a managed tree: ``/``-separated names, none
+    empty, ``.`` or ``..``, no NUL (``"."`` alone stands for the root in ``unreadable``)."""
+    if not isinstance(path, str) or "\0" in path:
+        return False
+    if path == ".":
+        return True
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
 def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = None,
               until: str = "scan-end") -> LiveState:
     """Consume events up to ``until`` and return the host's :class:`LiveState`.
@@ -274,6 +284,11 @@ def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = 
     shipped: list[Entry] = []
     for event in events:
         kind = event.pop("t")
+        if kind in ("entry", "shipped", "unreadable") and not valid_tree_path(event.get("path")):
+            # The host is not trusted: a name that climbs out or is not relative never reaches
+            # the comparison, a diff or backport.
+            raise call.broken(f"it sent a path that is not a plain relative path: "
+                              f"{str(event.get('path'))[:200]!r}")
         if kind == until == "locked":
             state.created_root = bool(event.get("created_root"))
             return state

@@ -170,10 +170,18 @@ def parse_owner(owner, step, path):
 # -- scanning ----------------------------------------------------------------------------------
 
 
-def file_digest(path):
+# A directory opened to be walked or emptied: never through a symlink at its own name.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def file_digest(path, dir_fd=None):
+    """sha256 (``"sha256:<hex>"``) of the regular file ``path`` (relative to the directory fd
+    ``dir_fd`` when given), opened without following a link. Raises OSError: EAGAIN when it is
+    no longer a regular file, ELOOP when it is now a symlink."""
     h = hashlib.sha256()
     # O_NONBLOCK: a FIFO swapped in after the lstat must not hang the scan (and the host lock).
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0),
+                 dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EAGAIN, "changed while it was scanned (no longer a file)")
@@ -187,13 +195,14 @@ def file_digest(path):
     return "sha256:" + h.hexdigest()
 
 
-def describe(full, rel, st):
-    """Return the manifest entry dict of one lstat'ed node."""
+def describe(name, rel, st, dir_fd=None):
+    """Return the manifest entry dict of one lstat'ed node: ``name`` is its path, relative to
+    the directory fd ``dir_fd`` when given; ``rel`` its path in the manifest (bytes)."""
     mode = stat.S_IMODE(st.st_mode)
     entry = {"path": dec(rel), "owner": user_name(st.st_uid) + ":" + group_name(st.st_gid)}
     if stat.S_ISLNK(st.st_mode):
         entry["type"] = "symlink"
-        entry["target"] = dec(os.readlink(full))
+        entry["target"] = dec(os.readlink(name, dir_fd=dir_fd))
     elif stat.S_ISDIR(st.st_mode):
         entry["type"] = "dir"
         entry["mode"] = "%04o" % mode
@@ -201,40 +210,104 @@ def describe(full, rel, st):
         entry["type"] = "file"
         entry["mode"] = "%04o" % mode
         entry["size"] = st.st_size
-        entry["digest"] = file_digest(full)
+        entry["digest"] = file_digest(name, dir_fd)
     else:
         entry["type"] = "other"
         entry["mode"] = "%04o" % mode
     return entry
 
 
+# A path that disappears between the listing of its directory and its reading (a runtime temp
+# file) is not an error: it is absent from that scan, as rsync says "vanished" and goes on.
+VANISHED = (errno.ENOENT, errno.ENOTDIR)
+# Replaced by another type since its lstat (a file by a link: ELOOP from O_NOFOLLOW; a link by
+# a file: EINVAL from readlink; a file by a FIFO: file_digest's EAGAIN): looked at again.
+REPLACED = (errno.ELOOP, errno.EINVAL, errno.EAGAIN)
+DESCRIBE_ATTEMPTS = 3
+
+
+def describe_path(name, rel, dir_fd=None):
+    """lstat and describe the node ``name`` (relative to ``dir_fd`` when given); None when it
+    vanished (ENOENT/ENOTDIR) before it could be read. One replaced by another type meanwhile
+    is looked at again, up to ``DESCRIBE_ATTEMPTS`` times. Raises OSError when it cannot be
+    read (EACCES, EIO, ...)."""
+    for attempt in range(1, DESCRIBE_ATTEMPTS + 1):
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            return describe(name, rel, st, dir_fd)
+        except OSError as exc:
+            if exc.errno in VANISHED:
+                return None
+            if exc.errno not in REPLACED or attempt == DESCRIBE_ATTEMPTS:
+                raise
+    return None
+
+
 def walk(top, sink, on_unreadable):
     """Describe every node under ``top`` (bytes path), never following symlinks.
 
     Calls ``sink(entry)`` per node in no particular order and ``on_unreadable(rel, error)`` for
-    a node or directory that cannot be read; the scan goes on past it.
+    a node or directory that cannot be read; the scan goes on past it. A node or directory below
+    ``top`` that vanishes while it is scanned is left out, silently (see ``VANISHED``); ``top``
+    itself missing, or removed before the walk ends (the whole tree went, not a file in it), is
+    unreadable, with ``rel`` ``b""``.
+
+    ``top`` is opened once (following a link there: ``current/``); from it each directory is
+    opened relative to its parent's fd without following a link, and each node is read
+    relative to its directory's fd. So a directory swapped for a symlink during the walk is
+    never followed out of the tree, and the walk stays in the tree ``top`` was when it began.
+    Open fds: one per directory level being walked.
     """
-    stack = [b""]
-    while stack:
-        rel_dir = stack.pop()
-        full_dir = os.path.join(top, rel_dir) if rel_dir else top
+    try:
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        on_unreadable(b"", exc)
+        return
+    stack = []  # (directory fd, its rel path, names not yet described), deepest last
+    try:
         try:
-            names = os.listdir(full_dir)
+            stack.append((top_fd, b"", [enc(n) for n in os.listdir(top_fd)]))
         except OSError as exc:
-            on_unreadable(rel_dir, exc)
-            continue
-        for name in names:
+            on_unreadable(b"", exc)
+        while stack:
+            fd, rel_dir, names = stack[-1]
+            if not names:
+                stack.pop()
+                if fd != top_fd:
+                    os.close(fd)
+                continue
+            name = names.pop()
             rel = rel_dir + b"/" + name if rel_dir else name
-            full = os.path.join(full_dir, name)
             try:
-                st = os.lstat(full)
-                entry = describe(full, rel, st)
+                entry = describe_path(name, rel, fd)
             except OSError as exc:
                 on_unreadable(rel, exc)
                 continue
+            if entry is None:
+                continue
             sink(entry)
-            if entry["type"] == "dir":
-                stack.append(rel)
+            if entry["type"] != "dir":
+                continue
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                # Gone, or swapped for a link since it was described: nothing under it now.
+                if exc.errno not in VANISHED + (errno.ELOOP,):
+                    on_unreadable(rel, exc)
+                continue
+            try:
+                stack.append((child, rel, [enc(n) for n in os.listdir(child)]))
+            except OSError as exc:
+                os.close(child)
+                on_unreadable(rel, exc)
+        # Held open to tell whether the tree itself was removed meanwhile (a pruned release).
+        if os.fstat(top_fd).st_nlink == 0:
+            on_unreadable(b"", OSError(errno.ENOENT, "removed while it was scanned"))
+    finally:
+        for fd, _rel, _names in stack:
+            if fd != top_fd:
+                os.close(fd)
+        os.close(top_fd)
 
 
 def os_error_text(exc):
@@ -354,7 +427,7 @@ def write_identity(root, identity):
 
 
 RECORD_META_KEYS = ("created", "fleetctl", "shipped_by", "previous", "desired_digest",
-                    "source", "forced", "allow_dirty", "host", "host_id", "kind")
+                    "source", "forced", "allow_dirty", "host", "host_id", "kind", "renamed_from")
 
 
 def record_meta(root, release):
@@ -441,14 +514,13 @@ def scan_credentials(root, emit_events):
     """
     top = os.path.join(root, CREDS_DIR)
     try:
-        st = os.lstat(top)
+        first = describe_path(top, CREDS_DIR)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return [], 0
         if emit_events:
             emit({"t": "unreadable", "path": dec(CREDS_DIR), "error": os_error_text(exc)})
         return [], 1
-    first = describe(top, CREDS_DIR, st)
+    if first is None:  # none, or it vanished as it was looked at
+        return [], 0
     if emit_events:
         event = dict(first)
         event["t"] = "entry"
@@ -522,24 +594,234 @@ def lock_holder(root):
     return ""
 
 
-# -- shipping ----------------------------------------------------------------------------------
+# -- removing ----------------------------------------------------------------------------------
+#
+# Every recursive removal goes through remove_tree (DESIGN.md invariant 10): nothing outside the
+# managed root is removed, followed or written. It works on directory fds only (openat with
+# O_NOFOLLOW, unlinkat, rmdir at an fd), so a symlink swapped in at any moment is removed as a
+# link, never followed, and it stops at every mount point: a directory on another file system,
+# or a bind mount of the same one (same st_dev, so the mount id and /proc/self/mountinfo decide),
+# is neither entered nor removed. shutil.rmtree crossed into a bind mount inside an old release
+# and deleted its source's files.
+
+def with_path(exc, path):
+    """Return ``exc`` (an OSError) naming ``path`` (bytes or str): calls on an fd carry no file
+    name, and an error without one cannot say what was refused. Keeps the subclass
+    (PermissionError for EACCES/EPERM) and an existing file name."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), path)
+
+
+def mount_points():
+    """The mount points of this process's mount namespace, as absolute bytes paths, read from
+    ``/proc/self/mountinfo`` (field 5, octal escapes undone); an empty set without /proc."""
+    points = set()
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            for line in fh:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    points.add(re.sub(br"\\([0-7]{3})",
+                                      lambda m: bytes([int(m.group(1), 8)]), fields[4]))
+    except OSError:
+        pass
+    return points
+
+
+def mounts_under(points, top):
+    """The mount points in ``points`` at or below the absolute path ``top`` (bytes), sorted."""
+    top = top.rstrip(b"/")
+    return sorted(p for p in points if p == top or p.startswith(top + b"/"))
+
+
+def mount_id(fd):
+    """The id of the mount the open file ``fd`` is on (``mnt_id`` in /proc/self/fdinfo, Linux
+    3.15+), or None where that cannot be read. Unlike st_dev it tells a bind mount of the same
+    file system from its surroundings."""
+    try:
+        with open("/proc/self/fdinfo/%d" % fd, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def fd_path(fd, fallback):
+    """The absolute path, symlinks resolved, of the directory open as ``fd`` (bytes)."""
+    try:
+        path = os.readlink(b"/proc/self/fd/%d" % fd)
+        if path.startswith(b"/") and not path.endswith(b" (deleted)"):
+            return path
+    except OSError:
+        pass
+    return os.path.realpath(fallback)
+
+
+def real_path(path):
+    """The absolute path of ``path`` with its directory's symlinks resolved but not its own last
+    component (a release that is a symlink is that link, not its target)."""
+    head, name = os.path.split(path.rstrip(b"/"))
+    return os.path.join(os.path.realpath(head or b"."), name)
+
+
+class _Removal(object):
+    """The state of one remove_tree call: mount points seen and kept."""
+
+    def __init__(self):
+        self.points = mount_points()
+        self.kept = []
+
+    def open_dir(self, pfd, name, full):
+        """Open the directory ``name`` in ``pfd`` without following a link; one this account
+        cannot read (0000, 0300) is opened up to 0700 first, through an O_PATH fd of that very
+        inode (never by path, which could be swapped for a link)."""
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        except PermissionError as exc:
+            o_path = getattr(os, "O_PATH", None)
+            if o_path is None:
+                raise with_path(exc, full)
+            pin = os.open(name, o_path | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
+            try:
+                magic = b"/proc/self/fd/%d" % pin
+                os.chmod(magic, 0o700)
+                return os.open(magic, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                raise with_path(exc, full)
+            finally:
+                os.close(pin)
+
+    def unlink(self, pfd, name, full, is_dir):
+        """Remove one file, link or empty directory; True once it is gone, False when it is a
+        mount point (EBUSY: kept). A parent this account may not write (a shipped 0555 dir) is
+        opened up through its fd, once."""
+        for attempt in (1, 2):
+            try:
+                if is_dir:
+                    os.rmdir(name, dir_fd=pfd)
+                else:
+                    os.unlink(name, dir_fd=pfd)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:  # a mount point mountinfo did not list (no /proc)
+                    self.kept.append(full)
+                    return False
+                if exc.errno not in (errno.EACCES, errno.EPERM) or attempt == 2:
+                    raise with_path(exc, full)
+                try:
+                    os.fchmod(pfd, stat.S_IMODE(os.fstat(pfd).st_mode) | 0o700)
+                except OSError:
+                    raise with_path(exc, full)
+        return False
+
+    def start(self, pfd, pmount, ppath, name, frames):
+        """Remove ``name`` in ``pfd`` if it is not a directory (True: gone, False: kept), or
+        push a frame to empty it (None)."""
+        full = os.path.join(ppath, name)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise with_path(exc, full)
+        if full in self.points:
+            self.kept.append(full)
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return self.unlink(pfd, name, full, is_dir=False)
+        try:
+            fd = self.open_dir(pfd, name, full)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or file: unlink
+                return self.unlink(pfd, name, full, is_dir=False)
+            raise with_path(exc, full)
+        try:
+            fst = os.fstat(fd)
+            here = (fst.st_dev, mount_id(fd))
+            if here != pmount:  # a mount point: neither entered nor removed
+                self.kept.append(full)
+                os.close(fd)
+                return False
+            names = [enc(n) for n in os.listdir(fd)]  # listdir(fd) gives str names
+        except OSError as exc:
+            os.close(fd)
+            raise with_path(exc, full)
+        frames.append([fd, here, full, names, True, pfd, name])
+        return None
+
+    def remove(self, path):
+        """Remove ``path``; return whether it is gone."""
+        head, name = os.path.split(path.rstrip(b"/"))
+        head = head or b"."
+        try:
+            pfd = os.open(head, _DIR_FLAGS)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            raise with_path(exc, head)
+        frames = []
+        try:
+            pst = os.fstat(pfd)
+            gone = self.start(pfd, (pst.st_dev, mount_id(pfd)), fd_path(pfd, head), name, frames)
+            while frames:
+                frame = frames[-1]
+                fd, here, full, names = frame[:4]
+                if names:
+                    if self.start(fd, here, full, names.pop(), frames) is False:
+                        frame[4] = False
+                    continue
+                frames.pop()
+                os.close(fd)
+                gone = frame[4] and self.unlink(frame[5], frame[6], full, is_dir=True)
+                if frames and not gone:
+                    frames[-1][4] = False
+            return gone
+        finally:
+            for frame in frames:
+                os.close(frame[0])
+            os.close(pfd)
+
+
+def remove_tree(path):
+    """Remove ``path`` (bytes: a file, a link or a whole directory tree) without following any
+    symlink and without leaving the mount it is on.
+
+    The directory holding ``path`` is opened without following a link at its own name; from
+    there every step is relative to a directory fd. A directory (or a file) that is a mount
+    point, or is on another mount than that holding directory (another file system, or a bind
+    mount of the same one), is neither entered nor removed, and so the directories above it
+    stay too. A directory whose mode forbids emptying it (a shipped 0555 directory) is opened up
+    through its own fd. What is already gone is not an error.
+
+    Returns:
+        The absolute paths of the mount points kept (empty when ``path`` is gone).
+    Raises:
+        OSError naming the path that could not be removed (an immutable file, permission
+        denied); what was removed before stays removed.
+    """
+    removal = _Removal()
+    removal.remove(path)
+    return removal.kept
 
 
 def force_rmtree(path):
-    """Remove ``path`` even where a directory's mode forbids it (a shipped 0555 dir)."""
+    """remove_tree, with a ``warning`` event per mount point kept; returns those paths."""
+    kept = remove_tree(path)
+    for point in kept:
+        emit({"t": "warning", "message": "could not remove all of %s: %s is a mount point, and "
+              "fleetctl removes nothing on another mount; it stays until it is unmounted"
+              % (dec(path), dec(point))})
+    return kept
 
-    def onerror(func, failed, info):
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-        except OSError:
-            pass
-        func(failed)
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=onerror)
+# -- shipping ----------------------------------------------------------------------------------
 
 
 def write_file(dest, source, owner, mode):
@@ -549,6 +831,10 @@ def write_file(dest, source, owner, mode):
     final mode while content is written; chown before chmod, since chown clears setuid bits.
     The copy is made in the kernel (copy_file_range; a reflink where the filesystem can):
     always a new inode, never a hard link.
+
+    Raises:
+        OSError naming ``dest`` (or ``source`` when that cannot be opened), also for the calls
+        on an fd (copy, fchown, fchmod), which carry no file name of their own.
     """
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -561,8 +847,34 @@ def write_file(dest, source, owner, mode):
         if uid != -1:
             os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, dest)
     finally:
         os.close(fd)
+
+
+NAME_MAX = 255  # bytes in one name: the limit of Linux's common file systems (ext4, xfs, tmpfs)
+TEMP_HASH_HEX = 32  # hex digits of sha256 standing in for a final name too long to extend
+
+
+def name_max(directory):
+    """The longest name (bytes) the file system of ``directory`` allows; NAME_MAX if unknown."""
+    try:
+        return min(os.pathconf(directory, "PC_NAME_MAX"), NAME_MAX)
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def temp_name(prefix, name, suffix=b"", limit=NAME_MAX):
+    """The temporary name (bytes) of the final name ``name``: ``prefix + name + suffix``, or,
+    when that is longer than ``limit`` bytes, ``prefix`` + the first TEMP_HASH_HEX hex digits
+    of sha256(name) + ``suffix``. Any valid final name thus has a temporary name that fits, the
+    same one each time, and it always starts with ``prefix``, which is how a leftover of an
+    interrupted ship is recognised (``CREDS_NEW``)."""
+    full = prefix + name + suffix
+    if len(full) <= limit:
+        return full
+    return prefix + hashlib.sha256(name).hexdigest()[:TEMP_HASH_HEX].encode("ascii") + suffix
 
 
 def write_all(fd, data):
@@ -599,7 +911,12 @@ def copy_fd(src, dst):
 
 
 def receive_blobs(blob_dir, count):
-    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``."""
+    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``.
+
+    Raises:
+        Stop when the input ends early or a blob's digest does not match; OSError naming the
+        blob's file when it cannot be written (a full disk).
+    """
     os.mkdir(blob_dir, 0o700)
     for _ in range(count):
         digest = _in.readline().strip().decode("ascii")
@@ -614,7 +931,10 @@ def receive_blobs(blob_dir, count):
                 if not block:
                     raise Stop("receive", "failed", "input ended early (connection lost?)")
                 h.update(block)
-                write_all(fd, block)
+                try:
+                    write_all(fd, block)
+                except OSError as exc:  # a full disk: say where
+                    raise with_path(exc, name)
                 left -= len(block)
         finally:
             os.close(fd)
@@ -705,7 +1025,9 @@ def write_record(root, release, desired, meta):
 
 
 def write_json(final, body, mode):
-    tmp = final + b".tmp"
+    """Write ``body`` as JSON to ``final`` (bytes path) with ``mode``: to json_tmp_path(final),
+    fsynced, then renamed over ``final``. OSError names the file that failed."""
+    tmp = json_tmp_path(final)
     if os.path.lexists(tmp):
         os.unlink(tmp)
     data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
@@ -714,22 +1036,34 @@ def write_json(final, body, mode):
         os.fchmod(fd, mode)
         write_all(fd, data)
         os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, tmp)
     finally:
         os.close(fd)
     os.rename(tmp, final)
 
 
+def json_tmp_path(final):
+    """Where write_json writes ``final`` before renaming it: ``<final>.tmp``, name shortened by
+    temp_name when too long."""
+    head, name = os.path.split(final)
+    return os.path.join(head, temp_name(b"", name, b".tmp"))
+
+
 def fsync_dir(path):
+    """fsync the directory ``path``; OSError names it."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, path)
     finally:
         os.close(fd)
 
 
 def switch(root, release):
     """Point ``current`` at the release with one atomic rename of a fresh symlink."""
-    tmp = os.path.join(root, b".current." + release)
+    tmp = os.path.join(root, temp_name(b".current.", release))
     if os.path.lexists(tmp):
         os.unlink(tmp)
     os.symlink(b"releases/" + release, tmp)
@@ -741,20 +1075,37 @@ def switch(root, release):
 
 
 def prune(root, keep, current):
-    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids."""
+    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids.
+
+    A release with a mount point inside it (a directory someone mounted there) is kept whole,
+    record included, and reported in a ``warning`` naming the mount point: it stays a complete
+    release, pruned by the first ship after the unmount. Nothing is removed on another mount
+    (see remove_tree), and a release that cannot be removed does not stop the others.
+    """
     releases_dir = os.path.join(root, b"releases")
     names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
+    points = mount_points()
     removed = []
+    # Never the release in use, nor the last one a ship put in use (after a rollback the
+    # newer release is kept: it is the way forward again).
+    protected = set([current, last_shipped(root)])
     for name in names[:-keep] if keep > 0 else names:
-        if name == current:
+        if name in protected:
+            continue
+        top = os.path.join(releases_dir, name)
+        inside = mounts_under(points, real_path(top))
+        if inside:
+            emit({"t": "warning", "message": "kept release %s: %s is a mount point inside it "
+                  "(fleetctl removes nothing on another mount); unmount it and the next ship "
+                  "prunes the release" % (dec(name), ", ".join(dec(p) for p in inside))})
             continue
         # The record goes first: a half-removed release must never look like a rollback target.
         try:
             for record in (record_path(root, name), creds_record_path(root, name)):
                 if os.path.lexists(record):
                     os.unlink(record)
-            force_rmtree(os.path.join(releases_dir, name))
-            removed.append(dec(name))
+            if not force_rmtree(top):  # a mount that appeared since the check: reported there
+                removed.append(dec(name))
         except OSError as exc:  # one stuck release must not stop the others being pruned
             path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
                 exc.filename, bytes) else exc.filename
@@ -880,8 +1231,8 @@ def ship_locked(root, command, state, scanned):
     ignore = compile_ignore(command.get("ignore", []))
     release = enc(command["release"])
     releases_dir = os.path.join(root, b"releases")
-    stage = os.path.join(releases_dir, b".staging-" + release)
-    blob_dir = os.path.join(root, enc(STATE_DIR), b"incoming-" + release)
+    stage = os.path.join(releases_dir, temp_name(b".staging-", release))
+    blob_dir = os.path.join(root, enc(STATE_DIR), temp_name(b"incoming-", release))
     current_dir = os.path.join(root, b"current")
     step = "prepare"
     try:
@@ -935,35 +1286,38 @@ def ship_locked(root, command, state, scanned):
         step = "verify"
         emit({"t": "step", "name": step})
         flush()
-        verify(stage, tree)
-        step = "record"
-        emit({"t": "step", "name": step})
-        flush()
+        try:
+            verify(stage, tree)
+        except Stop:
+            # A file copied from the release in use after a person edited it differs from
+            # the plan: that is a hand-patch made during the ship, refused like one.
+            if edited_during_ship(root, state, scanned, ignore):
+                raise Stop(step, "changed", "the current release was edited during the ship; "
+                           "nothing was switched, run again to see the hand-patch")
+            raise
         # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
         # of a ship's time): the release must be on disk before it can become current.
         os.sync()
-        os.rename(stage, os.path.join(releases_dir, release))
-        write_record(root, release, command["desired"], command.get("meta", {}))
-        fsync_dir(releases_dir)
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
-            step = "switch"
-            raise Stop(step, "changed", "the current release was edited during the ship; "
-                       "nothing was switched, run again to see the hand-patch")
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
+        if edited_during_ship(root, state, scanned, ignore):
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
         # Two-phase across the fleet: this host is ready to switch; the client says commit
         # only once every host it ships is ready, so no host switches while another failed.
+        # Until then the release stays a staging directory: a ship killed here leaves only a
+        # leftover the next ship removes, never a release that looks shipped.
         emit({"t": "prepared", "release": dec(release)})
         flush()
         step = "commit"
         go = json.loads(read_frame().decode("utf-8", "surrogateescape"))
         if go.get("cmd") != "commit":
             raise Aborted()
-        if state["current_kind"] in ("symlink", "foreign-symlink") and \
-                not unchanged_since_scan(root, scanned, ignore):
+        step = "record"
+        emit({"t": "step", "name": step})
+        flush()
+        os.rename(stage, os.path.join(releases_dir, release))
+        write_record(root, release, command["desired"], command.get("meta", {}))
+        fsync_dir(releases_dir)
+        if edited_during_ship(root, state, scanned, ignore):
             step = "switch"
             raise Stop(step, "changed", "the current release was edited during the ship; "
                        "nothing was switched, run again to see the hand-patch")
@@ -983,7 +1337,8 @@ def ship_locked(root, command, state, scanned):
                               "by": meta.get("shipped_by"), "release": dec(release),
                               "previous": state["current"], "host": meta.get("host"),
                               "forced": meta.get("forced"), "source": meta.get("source"),
-                              "allow_dirty": meta.get("allow_dirty")})
+                              "allow_dirty": meta.get("allow_dirty"),
+                              "renamed_from": meta.get("renamed_from")})
     except Aborted:
         cleanup(stage, blob_dir, root, release)
         emit({"t": "done", "release": None, "pruned": [], "aborted": True})
@@ -1018,6 +1373,12 @@ def ship_locked(root, command, state, scanned):
         emit({"t": "warning", "message": "prune failed: %s" % os_error_text(exc)})
     emit({"t": "done", "release": dec(release), "pruned": pruned})
     return 0
+
+
+def edited_during_ship(root, state, scanned, ignore):
+    """Whether the release in use changed since the scan (a hand-patch made during the ship)."""
+    return state["current_kind"] in ("symlink", "foreign-symlink") and \
+        not unchanged_since_scan(root, scanned, ignore)
 
 
 def is_credential(path):
@@ -1174,7 +1535,7 @@ def apply_credentials(root, wanted, secrets, scanned):
                 continue
             try:  # give back what this step did not finish; remove what it made
                 if uid is None:
-                    shutil.rmtree(os.path.join(root, enc(path)))
+                    force_rmtree(os.path.join(root, enc(path)))
                 else:
                     os.fchown(fd, uid, gid)
                     os.fchmod(fd, mode)
@@ -1211,16 +1572,19 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
     want = dict((e["path"], e) for e in wanted)
 
     def remove(paths):
-        for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
-            full = os.path.join(root, enc(path))
-            if live[path]["type"] == "dir":
-                if path in held:
-                    os.close(held.pop(path)[0])
-                # No force here: the agent owned these paths, and a chmod or retry by path
-                # could be turned against another file. shutil.rmtree never follows a link.
-                shutil.rmtree(full)
-            elif os.path.lexists(full):
-                os.unlink(full)
+        """Remove the manifest ``paths`` (of ``live``), each topmost one as one tree."""
+        going = set(paths)
+        for path in sorted(going):
+            if any(path.startswith(p + "/") for p in going):
+                continue  # goes with the tree above it
+            for inside in [p for p in held if p == path or p.startswith(path + "/")]:
+                fd = held.pop(inside)[0]
+                if fd is not None:
+                    os.close(fd)
+            # One fd-based removal per topmost path, never file by file by path: no link
+            # followed, nothing chmodded or retried by a path the agent could swap, and a mount
+            # point inside (whose files the scan listed too) is kept and reported, not emptied.
+            force_rmtree(os.path.join(root, enc(path)))
         for path in list(live):
             if any(path == p or path.startswith(p + "/") for p in paths):
                 live.pop(path)
@@ -1237,6 +1601,8 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
             os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & int(top_entry["mode"], 8))
             os.fchown(fd, *owner_ids(top_entry))
             os.fchmod(fd, int(top_entry["mode"], 8))
+        except OSError as exc:
+            raise with_path(exc, top)
         finally:
             os.close(fd)
     for entry in (e for e in wanted if e["type"] == "dir" and e["path"].count("/") == 1):
@@ -1257,7 +1623,7 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
                     fix_file(full, uid, gid, mode, entry["path"])
                 continue
             head, name = os.path.split(full)
-            tmp = os.path.join(head, CREDS_NEW + name)
+            tmp = os.path.join(head, temp_name(CREDS_NEW, name, limit=name_max(head)))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((tmp, full))
             try:
@@ -1270,6 +1636,8 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
                 write_all(fd, data)
                 os.fsync(fd)
                 os.fchmod(fd, mode)
+            except OSError as exc:
+                raise with_path(exc, tmp)
             finally:
                 os.close(fd)
     except BaseException:
@@ -1292,8 +1660,11 @@ def write_credentials(root, top, wanted, secrets, live_list, held):
         except OSError:
             pass
         # Given to its agent last: its contents are complete and checked by now.
-        os.fchown(fd, *owner_ids(entry))
-        os.fchmod(fd, int(entry["mode"], 8))
+        try:
+            os.fchown(fd, *owner_ids(entry))
+            os.fchmod(fd, int(entry["mode"], 8))
+        except OSError as exc:
+            raise with_path(exc, os.path.join(root, enc(path)))
         os.close(fd)
         held[path] = (None, 0, 0, 0)
 
@@ -1309,18 +1680,24 @@ def fix_file(full, uid, gid, mode, path):
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
         os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, full)
     finally:
         os.close(fd)
 
 
 def cleanup(stage, blob_dir, root, release):
+    """Remove what a failed ship made: the staging release, the received content, the new
+    release and its records (temporary ones too). Best effort: an error here must not hide the
+    one that stopped the ship; a mount point met is kept and reported (force_rmtree)."""
     for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
         try:
             force_rmtree(path)
         except OSError:
             pass
-    for record in (record_path(root, release), record_path(root, release) + b".tmp",
-                   creds_record_path(root, release), creds_record_path(root, release) + b".tmp"):
+    for record in (record_path(root, release), json_tmp_path(record_path(root, release)),
+                   creds_record_path(root, release),
+                   json_tmp_path(creds_record_path(root, release))):
         try:
             os.unlink(record)
         except OSError:
@@ -1727,12 +2104,14 @@ def read_files(root, request):
                     elif st.st_size > limit:
                         event["size"], event["too_large"] = st.st_size, True
                     else:
-                        data = b""
-                        while len(data) <= limit:
+                        blocks, got = [], 0
+                        while got <= limit:
                             block = os.read(fd, CHUNK_BYTES)
                             if not block:
                                 break
-                            data += block
+                            blocks.append(block)
+                            got += len(block)
+                        data = b"".join(blocks)
                         if len(data) > limit:
                             event["size"], event["too_large"] = len(data), True
                         else:
@@ -1747,6 +2126,24 @@ def read_files(root, request):
         os.close(top)
     emit({"t": "read-end"})
     return 0
+
+
+def last_shipped(root):
+    """The release the last successful ship put in use, from the history (bytes), or None."""
+    found = None
+    try:
+        with open(history_path(root), "rb") as fh:
+            for raw in fh:
+                try:
+                    entry = json.loads(raw.decode("utf-8", "surrogateescape"))
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and entry.get("kind") == "ship" and \
+                        isinstance(entry.get("release"), str):
+                    found = enc(entry["release"])
+    except OSError:
+        pass
+    return found
 
 
 def history_path(root):
@@ -1785,8 +2182,14 @@ def list_releases(root, request):
     emit({"t": "releases", "current": state["current"], "identity": state.get("identity")})
     for name in state["releases"]:
         recorded = os.path.lexists(record_path(root, enc(name)))
-        emit({"t": "release", "id": name, "recorded": recorded,
-              "meta": record_meta(root, enc(name)) if recorded else {}})
+        event = {"t": "release", "id": name, "recorded": recorded,
+                 "meta": record_meta(root, enc(name)) if recorded else {}}
+        if recorded:
+            try:
+                read_manifest(record_path(root, enc(name)))
+            except (OSError, ValueError) as exc:
+                event["problem"] = "its record cannot be used: %s" % exc
+        emit(event)
     try:
         with open(history_path(root), "rb") as fh:
             for raw in fh:
@@ -1856,13 +2259,20 @@ def rollback(root, request):
             raise Stop("rollback", "failed", "no release %s on the host (releases: %s)"
                        % (target, ", ".join(state["releases"]) or "none"))
         if target == current:
-            raise Stop("rollback", "failed", "release %s is already in use" % target)
+            emit({"t": "done", "release": target, "previous": current, "differences": [],
+                  "unchanged": True})
+            return 0
         if not os.path.lexists(record_path(root, enc(target))):
             raise Stop("verify", "failed", "release %s has no record to verify it against"
                        % target)
         emit({"t": "step", "name": "verify"})
         flush()
-        problems = release_differences(root, enc(target))
+        try:
+            problems = release_differences(root, enc(target))
+        except (OSError, ValueError) as exc:
+            raise Stop("verify", "failed", "the record of release %s cannot be used (%s): the "
+                       "release cannot be verified, so it is not rolled back to"
+                       % (target, exc), dec(record_path(root, enc(target))))
         if problems and not request.get("force"):
             raise Stop("verify", "changed", "release %s was changed since it was shipped: %s%s"
                        % (target, "; ".join(problems[:8]),

@@ -59,6 +59,7 @@ class ReleaseInfo:
         shipped_by: ``user@machine``, if recorded.
         forced: whether hand-patches or a stale checkout were overridden.
         allow_dirty: whether it was shipped from a dirty source with ``--allow-dirty``.
+        problem: why its record cannot be used (then it is no rollback target), or ``None``.
     """
 
     id: str
@@ -70,13 +71,14 @@ class ReleaseInfo:
     shipped_by: str | None = None
     forced: bool = False
     allow_dirty: bool = False
+    problem: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The release as a JSON object (the keys above)."""
         return {"id": self.id, "current": self.current, "recorded": self.recorded,
                 "created": self.created, "commit": self.commit, "clean": self.clean,
                 "shipped_by": self.shipped_by, "forced": self.forced,
-                "allow_dirty": self.allow_dirty}
+                "allow_dirty": self.allow_dirty, "problem": self.problem}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,7 @@ def read_releases(host: Host) -> HostReleases:
             out.releases.append(ReleaseInfo(
                 rid, rid == out.current, bool(event.get("recorded")), _text(meta.get("created")),
                 commit, clean, _text(meta.get("shipped_by")), _forced(meta.get("forced")),
-                meta.get("allow_dirty") is True))
+                meta.get("allow_dirty") is True, _text(event.get("problem"))))
         elif kind == "history":
             entry = _history_entry(host.name, event.get("line"))
             if entry is None:
@@ -200,17 +202,19 @@ class RollbackResult:
         previous: the release in use before.
         differences: with ``force``, how the release differed from its record (paths and
             kinds); empty when it matched.
+        unchanged: the release asked for was already in use (nothing was done).
     """
 
     host: str
     release: str
     previous: str
     differences: tuple[str, ...] = ()
+    unchanged: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The result as a JSON object (the keys above)."""
         return {"host": self.host, "release": self.release, "previous": self.previous,
-                "differences": list(self.differences)}
+                "differences": list(self.differences), "unchanged": self.unchanged}
 
 
 def rollback(host: Host, to: str | None = None, force: bool = False) -> RollbackResult:
@@ -237,5 +241,6 @@ def rollback(host: Host, to: str | None = None, force: bool = False) -> Rollback
     if release is None or previous is None:
         raise HostError(f"{host.name}: the host's answer to the rollback is not usable")
     differences = done.get("differences") if isinstance(done.get("differences"), list) else []
-    return RollbackResult(host.name, release, previous, tuple(str(d) for d in differences))
+    return RollbackResult(host.name, release, previous, tuple(str(d) for d in differences),
+                          done.get("unchanged") is True)
 

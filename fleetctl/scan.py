@@ -125,15 +125,3 @@ def changes_for(blueprint: Blueprint, tree: DesiredTree, state: LiveState) -> li
         return []
     return [c for c in changes
             if not any(c.path == p or c.path.startswith(p + "/") for p in unseen)]
-
-
-LAYOUT_KINDS = ("dir", "other")
-
-
-def layout_problem(host: Host, state: LiveState) -> str | None:
-    """Why a ship cannot replace this host's ``current`` (the host-side check, for dry runs)."""
-    if state.current_kind not in LAYOUT_KINDS:
-        return None
-    what = "directory" if state.current_kind == "dir" else "file or special file"
-    return (f"{host.root}/current is a {what}, not a release symlink; move it aside to adopt "
-            "this host")

@@ -16,7 +16,6 @@ files differ.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 import traceback
 import uuid
@@ -25,7 +24,6 @@ from typing import Callable, Iterator
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
-from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import diffs_for
 from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.errors import (
@@ -38,8 +36,19 @@ from fleetctl.errors import (
 from fleetctl.fanout import fan_out, wait_interruptible
 from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, read_scan
 from fleetctl.inventory import Host
-from fleetctl.manifest import FILE, Manifest, sha256_digest
 from fleetctl.names import printable
+from fleetctl.manifest import Manifest
+from fleetctl.plan import (
+    ERROR,
+    INCOMPLETE,
+    NO_OP,
+    REFUSED,
+    PlanOptions,
+    ShipPlan,
+    describe_target,
+    identity_problem,
+    plan_ship,
+)
 from fleetctl.render import render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
 from fleetctl.scan import (
@@ -48,21 +57,10 @@ from fleetctl.scan import (
     changes_for,
     desired_for,
     host_session,
-    layout_problem,
 )
 from fleetctl.services import render_units, services_request
-from fleetctl.source import Ancestry, SourceState, ancestry, operator, utc_now
+from fleetctl.source import SourceState, ancestry, operator, utc_now
 from fleetctl.transport import open_transport
-
-
-def plan_digest(changes: list[Change], desired: Manifest, current: str | None) -> str:
-    """Identify a plan: same changes, same desired tree, same starting release."""
-    # Live and desired attributes are part of it: a hand-patch edited again after the plan was
-    # confirmed is a different plan, even with the same paths, kinds and origins.
-    body = json.dumps([[c.path, c.change, c.origin, c.live and c.live.to_json(),
-                        c.desired and c.desired.to_json()] for c in changes] +
-                      [desired.digest(), current], ensure_ascii=True)
-    return sha256_digest(body.encode("ascii"))
 
 
 def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
@@ -108,40 +106,9 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
     return result
 
 
-def _target(host: Host) -> str:
-    if host.transport == "local":
-        return f"local {host.root}"
-    port = f":{host.port}" if host.port else ""
-    return f"{host.user + '@' if host.user else ''}{host.address}{port} {host.root}"
-
-
 def _identity_name(state: LiveState) -> str | None:
     ident = state.identity
     return ident.get("name") if isinstance(ident, dict) else None
-
-
-def identity_problem(host: Host, state: LiveState,
-                     renamed_from: str | None = None) -> tuple[str, str] | None:
-    """Why the host reached is not the one the inventory entry names: ``(message, hint)``.
-
-    ``None`` when it records this name, or none yet (it is adopted by its next ship), or when
-    it records ``renamed_from`` (a deliberate rename: the ship records the new name).
-    """
-    ident = state.identity
-    if ident is None:
-        return None
-    where = f"{host.name} ({_target(host)})"
-    if "problem" in ident:
-        return (f"{where}: the host identity cannot be read: {ident['problem']}",
-                "fix or remove the file on the host after checking which host this is")
-    name = ident.get("name")
-    if name == host.name or (renamed_from is not None and name == renamed_from):
-        return None
-    return (f"{where} reaches a host that records itself as {name!r} (id {ident.get('id')}), "
-            f"not {host.name!r}: the inventory entry points at another host; nothing was "
-            "written",
-            f"check the address, port and root of {host.name!r} in the inventory; if the host "
-            f"was renamed on purpose, ship it with --renamed-from {name}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +139,12 @@ class ShipOptions:
     skip_unreachable: bool = False
     force_paths: tuple[str, ...] = ()
 
-    def forces(self, path: str) -> bool:
-        """Whether ``path`` may be overwritten although it was changed on the host."""
-        return self.force or any(path == p or path.startswith(p.rstrip("/") + "/")
-                                 for p in self.force_paths)
+    def for_host(self, host: str) -> PlanOptions:
+        """The options one host's plan depends on."""
+        return PlanOptions(force=self.force, force_paths=self.force_paths,
+                           renamed_from=self.renamed_from,
+                           approved=None if self.approved is None else
+                           self.approved.get(host, ""))
 
 
 def _release_id(desired: Manifest) -> str:
@@ -190,50 +159,14 @@ def source_refusal(source: SourceState, options: ShipOptions) -> ShipRefused | N
         return None
     shown = "; ".join(source.dirty[:8]) + (f"; and {len(source.dirty) - 8} more"
                                             if len(source.dirty) > 8 else "")
-    return ShipRefused(f"the source is not a clean commit: {shown}",
-                       hint="commit (or remove) these files and ship again; --allow-dirty ships "
-                       "the work tree as it is and records that in the release")
+    hint = ("put the blueprint under git and commit it, or ship with --allow-dirty (recorded "
+            "in the release)" if source.repo is None else "commit (or remove) these files and "
+            "ship again; --allow-dirty ships the work tree as it is and records that in the "
+            "release")
+    return ShipRefused(f"the source is not a clean commit: {shown}", hint=hint)
 
 
-def check_plan(host: Host, state: LiveState, changes: list[Change], found: Ancestry,
-               options: ShipOptions, no_op: bool) -> None:
-    """Raise what stops this host's ship, from its scan and plan; return when it may go on.
-
-    The one place a real ship and a dry run decide, so a dry run reports what a ship would do.
-
-    Raises:
-        HostError: the host records another identity, its layout cannot be shipped over, or
-            the scan was incomplete (exit 2).
-        ShipRefused: hand-patches without ``--force``, or a stale checkout (exit 3).
-    """
-    problem = identity_problem(host, state, options.renamed_from)
-    if problem:
-        raise HostError(problem[0], hint=problem[1], step="scan")
-    layout = layout_problem(host, state)
-    if layout:  # the host-side program refuses this itself; a dry run must say the same
-        raise HostError(layout, step="scan")
-    if state.unreadable:
-        raise IncompleteScan(f"{len(state.unreadable)} path(s) could not be read; refusing to "
-                             "ship over a tree that was not fully seen")
-    refused = [c for c in changes if c.origin in REFUSED_ORIGINS and not options.forces(c.path)]
-    if refused:
-        paths = sorted({printable(c.path) for c in refused})
-        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        secret_only = all(is_credential_path(c.path) for c in refused)
-        raise ShipRefused(
-            f"{len(paths)} path(s) would lose changes made on the host "
-            f"({', '.join(sorted({c.origin for c in refused}))}): {shown}", step="plan",
-            hint="review with `fleetctl drift --diff`; a credential file changed on the host is "
-            "never backported: ship with --force-path PATH to put the granted one back"
-            if secret_only else "review with `fleetctl drift --diff`, then `fleetctl backport "
-            f"{host.name}` to bring the hand-patch into the blueprint, or ship with "
-            "--force-path PATH (or --force) to overwrite it")
-    if found.stale and not options.force and not no_op:
-        raise ShipRefused(f"stale checkout: {found.describe()}", step="plan", hint=(
-            "run `git fetch` and check out the commit the fleet runs (or a descendant)"
-            if found.relation == "unknown" and found.source_commit else
-            "update the checkout (git pull) and ship again; going back on purpose is a "
-            "rollback; --force ships it anyway and records that"))
+SEND_CHUNK_BYTES = 1 << 18  # 256 KiB per write: bounded memory and steady flow control
 
 
 class HostShip:
@@ -302,32 +235,27 @@ class HostShip:
         desired = desired_for(tree, state)
         changes = changes_for(self.blueprint, tree, state)
         found = ancestry(self.source, state.commit)
+        plan = plan_ship(host, state, desired, changes, found, account_problems(host, state),
+                         options.for_host(host.name))
         result.changes, result.release, result.previous = changes, state.current, state.current
         result.unreadable, result.warnings = state.unreadable, list(state.warnings)
         result.commit, result.ancestry, result.identity = state.commit, found, _identity_name(state)
-        result.plan_digest = plan_digest(changes, desired, state.current)
-        result.accounts = account_problems(host, state)
-        no_op = not changes and state.shipped == desired and not result.accounts
-        check_plan(host, state, changes, found, options, no_op)
-        overridden = sorted({c.path for c in changes if c.origin in REFUSED_ORIGINS})
-        if options.approved is not None and options.approved.get(host.name) != result.plan_digest:
-            raise ShipRefused("the host changed after the plan was confirmed; nothing was "
-                              "shipped", hint="run ship again to see the new plan", step="plan")
-        if no_op:
+        result.plan_digest, result.accounts = plan.digest, list(plan.accounts)
+        result.warnings += _unused_force_paths(options, changes)
+        _raise_stop(plan)
+        if plan.status == NO_OP:
             result.status = "no-op"
             if self.units is not None:
                 self._command = {"cmd": "services",
                                  **services_request(host, self.units, with_content=True)}
             return
-        sources, self._blobs = _content_plan(desired, state.live)
-        self._secrets = _secret_plan(desired, state.live)
+        self._blobs, self._secrets = list(plan.sends), list(plan.secrets)
         release = _release_id(desired)
         identity = dict(state.identity) if state.identity else {
             "id": uuid.uuid4().hex, "adopted": utc_now()}
         identity["name"] = host.name
-        forced = None
-        if overridden or (options.force and found.stale):
-            forced = {"paths": overridden, "stale": found.to_json() if found.stale else None}
+        forced = plan.forced
+        sources = dict(plan.copies)
         self._command = {
             "cmd": "ship", "release": release, "keep": host.keep_releases,
             "desired": desired.to_json(), "sources": sources, "blob_count": len(self._blobs),
@@ -337,7 +265,9 @@ class HostShip:
                      "shipped_by": operator(), "previous": state.current,
                      "desired_digest": desired.digest(), "source": self.source.to_json(),
                      "allow_dirty": options.allow_dirty and not self.source.clean,
-                     "forced": forced, "host": host.name, "host_id": identity["id"]},
+                     "forced": forced, "host": host.name, "host_id": identity["id"],
+                     "renamed_from": state.identity.get("name") if state.identity and
+                     state.identity.get("name") != host.name else None},
         }
         if self.units is not None:
             self._command.update(services_request(host, self.units, with_content=True))
@@ -355,15 +285,9 @@ class HostShip:
         try:
             self._call.send(frame(encode_json(self._command)))
             for blob in self._blobs:
-                data = self.tree.contents[blob]
-                self._call.send(b"%s\n%d\n" % (blob.encode("ascii"), len(data)) + data)
-                self.result.sent_bytes += len(data)
-                self.result.sent_files += 1
+                self._send_content(blob, self.tree.contents[blob])
             for digest in self._secrets:
-                data = self.tree.secrets[digest].reveal()
-                self._call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)) + data)
-                self.result.sent_bytes += len(data)
-                self.result.sent_files += 1
+                self._send_content(digest, self.tree.secrets[digest].reveal())
         except OSError:
             pass  # the host stopped reading; its error event below says why
         self._follow(until="prepared")
@@ -401,6 +325,20 @@ class HostShip:
         finally:
             self._call.kill()
             self._phase = "done"
+
+    def _send_content(self, digest: str, data: bytes) -> None:
+        """Send one content frame in bounded chunks, never copying ``data`` as a whole.
+
+        Slices of a memoryview share the buffer: sending the rest of a large file packet by
+        packet costs no copy of it (a ``bytes`` slice per packet made a 64 MiB file take 30 s).
+        """
+        assert self._call is not None
+        self._call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
+        view = memoryview(data)
+        for start in range(0, len(view), SEND_CHUNK_BYTES):
+            self._call.send(view[start:start + SEND_CHUNK_BYTES])
+        self.result.sent_bytes += len(data)
+        self.result.sent_files += 1
 
     def _send(self, data: bytes) -> None:
         """Write to the host-side program; if it has gone, its events say why."""
@@ -498,47 +436,55 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
         desired = desired_for(tree, state)
         changes = changes_for(blueprint, tree, state)
     found = ancestry(source, state.commit)
+    plan = plan_ship(host, state, desired, changes, found, account_problems(host, state),
+                     options.for_host(host.name))
     result = HostResult(host.name, "dry-run", changes, release=state.current,
                         previous=state.current, unreadable=state.unreadable,
-                        plan_digest=plan_digest(changes, desired, state.current),
-                        warnings=list(state.warnings), dry_run=True, commit=state.commit,
-                        ancestry=found, identity=_identity_name(state),
-                        in_progress=state.ship_in_progress)
-
+                        plan_digest=plan.digest, warnings=list(state.warnings), dry_run=True,
+                        commit=state.commit, ancestry=found, identity=_identity_name(state),
+                        in_progress=state.ship_in_progress, accounts=list(plan.accounts))
+    result.warnings += _unused_force_paths(options, changes)
     if diff:
         progress.host_step(host.name, "diff")
         result.diffs = diffs_for(host, tree.contents, changes)
-
-    def stop(status: str, error: str | None = None, hint: str | None = None,
-             step: str | None = None) -> HostResult:
-        result.status, result.error, result.hint = status, error, hint
-        result.step = step or result.step
+    if plan.status in (REFUSED, ERROR, INCOMPLETE):
+        result.status, result.error, result.hint = plan.status, plan.reason, plan.hint
+        result.step = plan.step if plan.status != INCOMPLETE else None
         return result
-
-    result.accounts = account_problems(host, state)
-    no_op = not changes and state.shipped == desired and not result.accounts
-    try:
-        check_plan(host, state, changes, found, options, no_op)
-    except ShipRefused as exc:
-        return stop("refused", exc.message, exc.hint, exc.step)
-    except HostError as exc:
-        return stop("incomplete" if isinstance(exc, IncompleteScan) else "error", exc.message,
-                    exc.hint, exc.step)
     if state.ship_in_progress:
         result.warnings.append(f"a ship is in progress on this host ({state.ship_in_progress})")
+    no_op = plan.status == NO_OP
     if units is not None:
         result.services, problem_text = _planned_services(state.units, units, not no_op)
         if problem_text:
-            return stop("error", problem_text, step="services" if no_op else "prepare")
+            result.status, result.error = "error", problem_text
+            result.step = "services" if no_op else "prepare"
+            return result
     if no_op:
-        return stop("no-op")
-    _, blobs = _content_plan(desired, state.live)
-    secrets = _secret_plan(desired, state.live)
+        result.status = "no-op"
+        return result
     # What the ship would send; the JSON fields mean "would send" for a dry run.
-    result.sent_files = len(blobs) + len(secrets)
-    result.sent_bytes = sum(len(tree.contents[b]) for b in blobs) + sum(
-        len(tree.secrets[d].reveal()) for d in secrets)
+    result.sent_files = len(plan.sends) + len(plan.secrets)
+    result.sent_bytes = sum(len(tree.contents[b]) for b in plan.sends) + sum(
+        len(tree.secrets[d].reveal()) for d in plan.secrets)
     return result
+
+
+def _unused_force_paths(options: ShipOptions, changes: list[Change]) -> list[str]:
+    """A warning for each --force-path that matches no change made on this host."""
+    on_host = [c.path for c in changes if c.origin in REFUSED_ORIGINS]
+    return [f"--force-path {printable(p)}: no change made on the host there" for p in
+            options.force_paths if not any(c == p or c.startswith(p + "/") for c in on_host)]
+
+
+def _raise_stop(plan: ShipPlan) -> None:
+    """Turn a plan that cannot ship into the error the fleet ship reports for that host."""
+    if plan.status == REFUSED:
+        raise ShipRefused(plan.reason or "refused", hint=plan.hint, step=plan.step)
+    if plan.status == INCOMPLETE:
+        raise IncompleteScan(plan.reason or "incomplete scan")
+    if plan.status == ERROR:
+        raise HostError(plan.reason or "error", hint=plan.hint, step=plan.step)
 
 
 HELD_BACK = "held-back"
@@ -585,19 +531,28 @@ def ship_fleet(blueprint: Blueprint, hosts: list[Host], options: ShipOptions,
 
 
 def _run_phases(ships: list[HostShip], options: ShipOptions, parallel: int) -> None:
-    """open → lock (in name order) → plan → prepare → commit, or abort every host."""
+    """open → lock (in name order) → plan → prepare → commit, or abort every host.
+
+    Every reachable host is locked and planned even when another cannot be reached, so the
+    report names each host's own refusal (a hand-patch) rather than only "held back".
+    """
     try:
-        ok = _each(ships, HostShip.open, parallel)
-        if not ok and options.skip_unreachable and all(
-                s.result.status != "error" or s.result.step == "connect" for s in ships):
-            ok = any(s.result.status == "planning" for s in ships)
-        if ok:
-            for s in sorted(ships, key=lambda s: s.host.name):  # the fixed lock order
-                if _active(s) and not _guarded(s, HostShip.lock):
-                    _same_root(s, ships)
-                    ok = False
-                    break
-        ok = ok and _each(ships, HostShip.plan, parallel)
+        _each(ships, HostShip.open, parallel)
+        locked = True
+        for s in sorted(ships, key=lambda s: s.host.name):  # the fixed lock order
+            if _active(s) and not _guarded(s, HostShip.lock):
+                _same_root(s, ships)
+                locked = False
+                break
+        if locked:
+            _each([s for s in ships if s._phase == "locked"], HostShip.plan, parallel)
+
+        def blocks(s: HostShip) -> bool:
+            skipped = options.skip_unreachable and s.result.status == "error" and \
+                s.result.step == "connect"
+            return not _active(s) and not skipped
+
+        ok = locked and not any(blocks(s) for s in ships) and any(_active(s) for s in ships)
         ok = ok and _each(ships, HostShip.prepare, parallel)
         if ok:
             _each(ships, HostShip.commit, parallel)
@@ -617,8 +572,8 @@ def _same_root(failed: HostShip, ships: list[HostShip]) -> None:
     if twin is None:
         return
     failed.result.status = "error"
-    failed.result.error = (f"{failed.host.name} ({_target(failed.host)}) reaches the same root "
-                           f"on the same machine as {twin.host.name} ({_target(twin.host)}): "
+    failed.result.error = (f"{failed.host.name} ({describe_target(failed.host)}) reaches the same root "
+                           f"on the same machine as {twin.host.name} ({describe_target(twin.host)}): "
                            "the inventory points two entries at one host; nothing was written")
     failed.result.hint = f"check the address, port and root of {failed.host.name!r}"
 
@@ -712,42 +667,6 @@ def ignore_regexes(blueprint: Blueprint) -> list[tuple[str, bool]]:
     """
     return [(p.regex.pattern, bool(p.include)) for p in blueprint.ignore.patterns
             if getattr(p, "regex", None) is not None and p.include is not None]
-
-
-def _content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], list[str]]:
-    """Return (path → live path to copy from, digests to send) for the release tree.
-
-    Prefers the same path. Credential files are not part of it (:func:`_secret_plan`).
-    """
-    have: dict[str, str] = {}
-    for entry in live:
-        if entry.type == FILE and not is_credential_path(entry.path):
-            have.setdefault(entry.digest, entry.path)
-    sources, blobs = {}, []
-    for entry in desired:
-        if entry.type != FILE or is_credential_path(entry.path):
-            continue
-        same = live.get(entry.path)
-        if same is not None and same.type == FILE and same.digest == entry.digest:
-            sources[entry.path] = entry.path
-        elif entry.digest in have:
-            sources[entry.path] = have[entry.digest]
-        elif entry.digest not in blobs:
-            blobs.append(entry.digest)
-    return sources, blobs
-
-
-def _secret_plan(desired: Manifest, live: Manifest) -> list[str]:
-    """Digests of the credential files the host must write (new content or new path)."""
-    wanted = []
-    for entry in desired:
-        if entry.type != FILE or not is_credential_path(entry.path):
-            continue
-        same = live.get(entry.path)
-        if (same is None or same.type != FILE or same.digest != entry.digest) and \
-                entry.digest not in wanted:
-            wanted.append(entry.digest)
-    return wanted
 
 
 def run_hosts(hosts: list[Host], work: Callable[[Host], HostResult], parallel: int,

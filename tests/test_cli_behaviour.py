@@ -170,3 +170,25 @@ def test_markdown_code_spans_survive_backticks(name, expected):
     Markdown does not honour backslashes."""
     from fleetctl.report import _md_code
     assert _md_code(name) == expected
+
+
+def test_an_internal_error_exits_2_with_the_traceback_only_under_debug(tmp_path, monkeypatch):
+    """Anything that is not a user-facing error is an internal error: one line and a hint, exit
+    2 (never 1, which CI reads as drift found); --debug adds the traceback. The failure is
+    planted in the report renderer, past every per-host guard."""
+    import fleetctl.cli
+
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box")})
+
+    def broken(*_args, **_kw):
+        raise ValueError("renderer exploded")
+
+    monkeypatch.setattr(fleetctl.cli, "to_json", broken)
+    plain = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    assert plain.code == 2
+    assert "internal error: ValueError: renderer exploded" in plain.stderr
+    assert "--debug" in plain.stderr and "Traceback" not in plain.stderr
+    debug = cli("drift", "--format", "json", "--debug", inventory=inv, blueprint=bp)
+    assert debug.code == 2
+    assert "Traceback" in debug.stderr and "renderer exploded" in debug.stderr

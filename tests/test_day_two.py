@@ -148,8 +148,8 @@ def test_backport_refuses_templates_and_credentials_with_reasons(fleet):
     motd = items["runner/motd"]
     assert motd["action"] == "refused" and "runner/motd.j2" in motd["reason"]
     assert motd["diff"]["lines"] == [line.rstrip("\n") for line in difflib.unified_diff(
-        ["welcome to web1\n"], ["welcome, edited by hand\n"], fromfile="live/runner/motd",
-        tofile="desired/runner/motd", n=3)]
+        ["welcome to web1\n"], ["welcome, edited by hand\n"], fromfile="rendered/runner/motd",
+        tofile="live/runner/motd", n=3)]
     cred = items["credentials/w1/tok.env"]
     assert cred["action"] == "refused" and "tok" in cred["reason"] and "w1" in cred["reason"]
     assert "TOKEN=other" not in done.stdout
@@ -274,3 +274,86 @@ def test_a_hostile_host_cannot_write_outside_the_blueprint_or_drive_the_terminal
     bad = cli_text("backport", "web1", "../../etc/passwd", "--inventory", str(inv),
                    "--blueprint", str(bp))
     assert bad.returncode == 2 and "plain path" in bad.stderr
+
+
+HOSTILE = """#!/bin/sh
+# A hostile host's "python3": it ignores the program it is sent and answers a scan with a name
+# that climbs out of the tree.
+cat > /dev/null &
+printf '%s\\n' '{"t":"hello","user":"root","group":"root","uid":0,"python":"3.11.0"}'
+printf '%s\\n' '{"t":"state","root_exists":true,"current":"r1","current_kind":"symlink","releases":["r1"],"shipped":true,"identity":null,"meta":{}}'
+printf '%s\\n' '{"t":"shipped","path":"runner","type":"dir","mode":"0755","owner":"root:root"}'
+printf '%s\\n' '{"t":"entry","path":"runner/../../../escape","type":"file","mode":"0644","owner":"root:root","size":1,"digest":"sha256:00"}'
+printf '%s\\n' '{"t":"scan-end","entries":1,"unreadable":0,"digest":"sha256:00"}'
+"""
+
+
+def test_a_host_that_sends_a_climbing_name_is_stopped(tmp_path):
+    from tests.helpers import local_host
+
+    bp = make_project(tmp_path / "proj", {"runner": {"a": "a\n"}})
+    fake = tmp_path / "hostile-python"
+    fake.write_text(HOSTILE)
+    fake.chmod(0o755)
+    inv = write_inventory(tmp_path / "inv.yaml", {"evil": local_host(tmp_path / "box",
+                                                                     python=str(fake))})
+    run = drift(inv, bp)
+    assert run.code == 2, run.stdout
+    assert "not a plain relative path" in run.host("evil")["error"]
+    done = cli_text("backport", "evil", "--inventory", str(inv), "--blueprint", str(bp))
+    assert done.returncode == 2 and "not a plain relative path" in done.stderr
+    assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_what_a_trial_found(fleet, tmp_path):
+    """Defects a new user's trial found, each fixed: a name that is not UTF-8 in backport's
+    JSON, a relative symlink that climbs out, a formatting-only YAML change, a damaged record
+    of an old release, documents on failure, --force-path checks."""
+    inv, bp, root = fleet
+    # A hand-made file whose name is not UTF-8: JSON stays valid UTF-8, escaped and marked.
+    raw = os.path.join(os.fsencode(live(root, "runner")), b"caf\xe9.txt")
+    with open(raw, "wb") as fh:
+        fh.write(b"x\n")
+    os.symlink("../../../../../../etc/shadow", live(root, "runner/rel-link"))
+    done = cli_text("backport", "web1", "--inventory", str(inv), "--blueprint", str(bp),
+                    "--format", "json")
+    doc = json.loads(done.stdout.encode("utf-8"))
+    items = {i["path"]: i for i in doc["items"]}
+    assert items["runner/caf\\xe9.txt"]["path_escaped"] is True
+    assert items["runner/rel-link"]["action"] == "refused"
+    assert "leads out of the tree" in items["runner/rel-link"]["reason"]
+    assert not (bp / "runner" / "rel-link").is_symlink()
+    # A leading slash is not a path of the tree.
+    slash = cli_text("backport", "web1", "/runner/README", "--inventory", str(inv),
+                     "--blueprint", str(bp))
+    assert slash.returncode == 2 and "plain path" in slash.stderr
+    for bad in ("../x", "", "/etc"):
+        forced = cli_text("ship", "--yes", "--force-path", bad, "--inventory", str(inv),
+                          "--blueprint", str(bp))
+        assert forced.returncode == 2 and "--force-path" in forced.stderr, (bad, forced.stderr)
+    # A damaged record of an old release: listed with its problem, never rolled back to.
+    (bp / "runner" / "README").write_text("second\n")
+    git(bp, "add", "-A")
+    git(bp, "commit", "-q", "-m", "second")
+    assert ship(inv, bp, "--force").code == 0
+    old = sorted(p for p in (root / "releases").iterdir())[0].name
+    (root / ".fleetctl" / "releases" / f"{old}.json").write_text("{bad")
+    listed = json.loads(cli_text("releases", "web1", "--inventory", str(inv), "--format",
+                                 "json").stdout)
+    (entry,) = [r for r in listed["releases"] if r["id"] == old]
+    assert entry["problem"] and "cannot be used" in entry["problem"]
+    back = cli_text("rollback", "web1", "--to", old, "--inventory", str(inv), "--format",
+                    "json")
+    assert back.returncode == 2, back.stdout + back.stderr
+    failed = json.loads(back.stdout)
+    assert failed["exit_code"] == 2 and "cannot be verified" in failed["error"]
+    assert "Traceback" not in back.stderr and "JSONDecodeError:" not in back.stderr
+
+
+def test_a_formatting_only_change_is_shown_as_text():
+    from fleetctl.diffs import diff_contents
+
+    diff = diff_contents("a.json", b'{"a": 1, "b": [1, 2]}\n', b'{\n  "a": 1,\n  "b": [1, 2]\n}\n')
+    assert diff.kind == "text" and diff.lines and "written differently" in diff.note
+    changed = diff_contents("a.yaml", b"a: 1\n", b"a: 2\n")
+    assert changed.kind == "structured" and changed.lines == ("~ root['a']: 1 -> 2",)

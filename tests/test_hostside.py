@@ -9,7 +9,8 @@ from fleetctl import hostside
 from fleetctl.blueprint import load_blueprint
 from fleetctl.drift import Change
 from fleetctl.manifest import Entry, Manifest
-from fleetctl.ship import ignore_regexes, plan_digest
+from fleetctl.plan import plan_digest
+from fleetctl.ship import ignore_regexes
 from tests.helpers import make_project
 
 PATTERNS = ["__pycache__/", "*.pyc", "!keep.pyc", "/top-only", "logs/**/*.log", "spool/"]

@@ -232,6 +232,9 @@ def test_an_entry_that_reaches_another_host_is_stopped(tmp_path, sshd_pool, ssh_
     identity = json.loads((roots["alpha"] / ".fleetctl" / "identity.json").read_text())
     assert identity["name"] == "alpha-2"
     assert current_record(roots["alpha"])["host"] == "alpha-2"
+    assert current_record(roots["alpha"])["renamed_from"] == "alpha"
+    history = (roots["alpha"] / ".fleetctl" / "history.jsonl").read_text().splitlines()
+    assert json.loads(history[-1])["renamed_from"] == "alpha"
     assert drift(renamed, bp).code == 0
 
 
@@ -336,3 +339,33 @@ def test_a_failure_while_preparing_one_host_switches_none(tmp_path, sshd_pool, s
         assert "h1" in run.host(name)["error"]
     assert {n: snapshot(r) for n, r in roots.items()} == before
     assert ship(inv, bp).code == 0
+
+
+def test_an_unreachable_host_does_not_hide_another_hosts_own_refusal(
+        tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """One host is unreachable and another has a hand-patch: the hand-patched host reports its
+    own refusal (with its changes), not only "held back"; nothing is written anywhere."""
+    from tests.sshd_boxes import free_port
+
+    bp = make_project(tmp_path / "proj", {"runner": dict(RUNNER)}, executable=EXECUTABLE)
+    roots = {"a-patched": tmp_path / "ra", "b-fine": tmp_path / "rb"}
+    hosts = {name: ssh_host(box, ssh_client_key, ssh_known_hosts, roots[name])
+             for name, box in zip(roots, sshd_pool)}
+    inv = write_inventory(tmp_path / "inv.yaml", hosts)
+    assert ship(inv, bp).code == 0
+    live = Path(os.path.realpath(roots["a-patched"] / "current")) / "runner" / "README"
+    live.write_text("patched\n")
+    dead = dict(ssh_host(sshd_pool[2], ssh_client_key, ssh_known_hosts, tmp_path / "rdead"))
+    dead["port"] = free_port()
+    inv = write_inventory(tmp_path / "inv2.yaml", {**hosts, "c-dead": dead})
+    commit_change(bp, "next", "n\n")
+    before = {n: snapshot(r) for n, r in roots.items()}
+    run = ship(inv, bp, "--timeout", "10")
+    assert run.code == 2, run.stdout
+    patched = run.host("a-patched")
+    assert patched["status"] == "refused" and "runner/README" in patched["error"]
+    assert patched["step"] == "plan" and patched["changes"]
+    assert run.host("b-fine")["status"] == "refused"
+    assert run.host("b-fine")["step"] == "held-back"
+    assert run.host("c-dead")["status"] == "error"
+    assert {n: snapshot(r) for n, r in roots.items()} == before
