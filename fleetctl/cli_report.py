@@ -198,4 +198,4 @@ def status_command(
         sys.stdout.flush()
         return report.exit_code
 
-    _guard(body)
+    _guard(body, debug)
