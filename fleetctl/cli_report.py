@@ -121,15 +121,19 @@ def report_command(
     except Exception as exc:  # noqa: BLE001 - an internal error: no traceback without --debug
         import traceback
 
+        from fleetctl.names import safe_text
+
         if debug:
             err.print(traceback.format_exc(), markup=False, highlight=False)
-        else:
-            err.print(f"internal error: {exc!r} (run with --debug for the traceback)",
-                      markup=False, highlight=False)
+        err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
+                  markup=False, highlight=False, soft_wrap=True)
+        err.print("hint: please report this traceback" if debug else
+                  "hint: rerun with --debug for the traceback, and report it",
+                  markup=False, highlight=False)
         for kind, path in outputs:
             try:
-                nightly.write_whole(path, failure_document(kind, f"internal error: {exc!r}",
-                                                           generated))
+                nightly.write_whole(path, failure_document(
+                    kind, f"internal error: {exc.__class__.__name__}: {exc}", generated))
             except FleetctlError:
                 pass
         raise typer.Exit(EXIT_ERROR) from None

@@ -368,7 +368,6 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
     :class:`CheckResult` ``error`` and the rest go on.
     """
     from fleetctl.creds_audit import AuditOptions, audit_credentials
-    from fleetctl.errors import FleetctlError
     from fleetctl.results import NoProgress
     from fleetctl.ship import drift_host, run_hosts
 
