@@ -22,14 +22,16 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pathspec
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import model_validator
 
 from fleetctl.capabilities import Capability, load_capabilities, skill_needs
 from fleetctl.errors import InputError
-from fleetctl.tokens.declare import SERVER_NAME, McpServerDecl, check_bridged_servers
+from fleetctl.tokens.declare import (SERVER_NAME, TOOL_NAME, McpServerDecl, check_bridged_servers,
+                                     harness_problem)
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
@@ -67,6 +69,23 @@ class RepoSync(BaseModel):
     branch: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
 
 
+def _check_cwd(value: str) -> str:
+    parts = value.split("/")
+    if value.startswith("/") or ".." in parts or "\\" in value:
+        raise ValueError(f"must be a directory relative to the workspace, inside it, got {value!r}")
+    return value
+
+
+class CheckDecl(BaseModel):
+    """One of a role's ``checks``: a command the runner's check gate runs (docs/runner.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str = Field(min_length=1)
+    # Where it runs, relative to the workspace; the paths it prints are read relative to it.
+    cwd: Annotated[str, AfterValidator(_check_cwd)] = "."
+    format: Literal["auto", "gnu", "tsc", "ruff", "mypy", "eslint", "exit"] = "auto"
+
+
 class Role(BaseModel):
     """One ``roles/<role>.yaml``: what an agent of this role is and may do.
 
@@ -80,6 +99,11 @@ class Role(BaseModel):
     skills: list[str] = Field(default_factory=list)
     capabilities: list[str] = Field(default_factory=list)
     check: str | None = None
+    # The check gate's commands (each with its cwd and output format); `check` is one command
+    # run in the workspace with format auto. check_leftovers: what they write besides the
+    # caches the runner knows, never counted as the agent's change.
+    checks: list[CheckDecl] | None = None
+    check_leftovers: list[str] = Field(default_factory=list)
     max_retries: int = Field(default=2, ge=0)
     agent_command: list[str] | None = None
     timeout_s: float | None = Field(default=None, gt=0)
@@ -92,7 +116,22 @@ class Role(BaseModel):
     # Gitignore-style patterns, relative to the workspace, of what a run may change; a change
     # elsewhere fails the runner's scope gate. None: every path of the workspace.
     writes: list[str] | None = None
+    # Patterns of paths beyond `writes` the runner grants when an agent asks (its scope
+    # request file); None: none.
+    scope_requests: list[str] | None = None
     sync: RepoSync | None = None
+    # The agent harness (docs/tokens.md, *Harness profiles*): its name (default: from
+    # agent_command[0]; NAME@VERSION pins a profile), and the built-in tools the role needs
+    # (None: the harness's default set; rendered as the harness's tool flags).
+    harness: str | None = Field(default=None, pattern=r"^[a-z0-9-]+(@[A-Za-z0-9._-]+)?$")
+    tools: list[Annotated[str, StringConstraints(pattern=TOOL_NAME)]] | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_check(self) -> Role:
+        if self.check and self.checks is not None:
+            raise ValueError("check and checks are both set: give the command as one item of "
+                             "checks instead")
+        return self
 
 
 class FileRule(BaseModel):
@@ -283,6 +322,9 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
                                       hint=f"capabilities defined: "
                                       f"{', '.join(capabilities) or '(none)'}")
             check_bridged_servers(path, role)
+            problem = harness_problem(role)
+            if problem is not None:
+                raise input_error(path, node, [problem[0]], problem[1])
             direct = [name for name, decl in role.mcp_servers.items()
                       if getattr(decl, "via", "mcp") == "mcp" and decl.command is not None]
             if direct and role.agent_command is not None and \

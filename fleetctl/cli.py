@@ -68,7 +68,7 @@ app = typer.Typer(
 
 def _load(inventory: Optional[Path], blueprint: Optional[Path],
           timeout_s: float | None) -> tuple[Inventory, Blueprint]:
-    project = find_project()
+    project = find_project(inventory)  # the inventory's own repository, wherever we are
     bp = load_blueprint(blueprint or project / "blueprint")
     inv = load_inventory(inventory or project / "inventory" / "demo.yaml", blueprint=bp)
     if timeout_s is not None:

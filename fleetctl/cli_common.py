@@ -24,9 +24,20 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
-def find_project() -> Path:
-    """The nearest directory, from the current one up, holding ``blueprint/`` and ``inventory/``
-    (the current directory when none does)."""
+def find_project(inventory: Path | None = None) -> Path:
+    """Where the fleet repository is, so the blueprint and templates are found next to it.
+
+    With ``inventory`` (a file named by ``--inventory``): the nearest directory holding
+    ``blueprint/``, from the inventory file's own directory up, so ``fleetctl drift -i
+    /path/to/fleet/inventory/x.yaml`` works from any current directory. Otherwise, or when no
+    directory above the inventory holds one: the nearest directory, from the current one up,
+    holding ``blueprint/`` and ``inventory/`` (the current directory when none does).
+    """
+    if inventory is not None:
+        start = Path(inventory).expanduser().absolute().parent
+        for candidate in (start, *start.parents):
+            if (candidate / "blueprint").is_dir():
+                return candidate
     here = Path.cwd()
     for candidate in (here, *here.parents):
         if (candidate / "blueprint").is_dir() and (candidate / "inventory").is_dir():

@@ -120,5 +120,8 @@ def print_text(console: Console, report: AuditReport) -> None:
         for path, error in h.unreadable:
             console.print(Text(f"  unreadable: {printable(path)}: {error}", style="red"),
                           soft_wrap=True)
+        for k in h.skipped:
+            console.print(Text(f"  skipped: {printable(k.describe())}", style="yellow"),
+                          soft_wrap=True)
         if h.hint and h.status in ("error", "incomplete"):
             console.print(Text(f"  hint: {printable(h.hint)}", style="dim"), soft_wrap=True)

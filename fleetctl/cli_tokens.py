@@ -32,11 +32,24 @@ from fleetctl.errors import EXIT_ERROR, FleetctlError
 
 class CompareWith(str, Enum):
     mcp = "mcp"
+    default = "default"
 
 
 class CounterName(str, Enum):
     o200k = "o200k"
     claude_api = "claude-api"
+
+
+def _never_crash_on_encoding() -> None:
+    """Keep output from crashing where stdout or stderr cannot encode a character (an ASCII
+    locale, ``PYTHONIOENCODING=ascii``): such characters are written as escapes instead."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change: left as it is
+                pass
 
 
 def _fail(exc: FleetctlError) -> None:
@@ -49,7 +62,9 @@ def tokens_command(
         None, help="Agents to audit, by name or HOST/AGENT \\[default: all]."),
     compare: Optional[CompareWith] = typer.Option(
         None, "--compare", help="mcp: also measure each role with its MCP servers behind the "
-                                "mcp-bridge CLI, and show the saving."),
+                                "mcp-bridge CLI, and show the saving. default: also measure it "
+                                "as its harness runs by default (every built-in tool, every MCP "
+                                "server mounted): before and after, per component."),
     baseline: Optional[Path] = typer.Option(
         None, "--baseline", help="A previous `--format json` report: fail on growth beyond "
                                  "--max-growth and name what grew."),
@@ -65,6 +80,18 @@ def tokens_command(
                                      "\\[default: claude-sonnet-4-5]."),
     live: bool = typer.Option(False, "--live", help="Read the runners' ledgers from the hosts "
                                                     "and summarise the turns per agent."),
+    probe: bool = typer.Option(False, "--probe", help="Run each selected agent's harness "
+                                                      "against a local endpoint and write its "
+                                                      "profiles into the blueprint."),
+    harness_bin: Optional[Path] = typer.Option(
+        None, "--harness-bin", help="With --probe: the harness executable to run instead of "
+                                    "agent_command's first word."),
+    startup_timeout: Optional[float] = typer.Option(
+        None, "--startup-timeout", min=0.1, help="Seconds every MCP server may take to start, "
+                                                 "when longer than its role's startup_timeout_s "
+                                                 "(a slow server)."),
+    probe_timeout: float = typer.Option(
+        60.0, "--probe-timeout", min=1.0, help="With --probe: seconds a harness may take."),
     since: Optional[str] = typer.Option(
         None, "--since", help="With --live: only turns that ended after this ISO 8601 time."),
     parallel: int = typer.Option(8, "--parallel", "-p", min=1,
@@ -78,12 +105,18 @@ def tokens_command(
     """Measure each agent's prompt prefix against its budgets (exit 0 within, 1 over, 2 error)."""
     from fleetctl.errors import InputError
 
+    _never_crash_on_encoding()
     try:
         if live and (compare is not None or baseline is not None):
             raise InputError("--live reads the ledgers on the hosts: it takes no --compare or "
                              "--baseline")
         if since is not None and not live:
             raise InputError("--since is for --live")
+        if probe and (live or compare is not None or baseline is not None):
+            raise InputError("--probe measures the harnesses: it takes no --live, --compare "
+                             "or --baseline")
+        if harness_bin is not None and not probe:
+            raise InputError("--harness-bin is for --probe")
         target = None
         if output is not None:
             try:
@@ -92,8 +125,15 @@ def tokens_command(
                 raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
         from fleetctl.tokens.audit import TokensOptions, audit_tokens
 
-        project = find_project()
-        if live:  # the ledgers on the hosts, not the prefix built here
+        project = find_project(inventory)
+        if probe:
+            from fleetctl.tokens.probe import probe_agents
+
+            runs = probe_agents(inventory or project / "inventory" / "demo.yaml",
+                                blueprint or project / "blueprint", tuple(agents or ()),
+                                timeout_s=probe_timeout,
+                                executable=str(harness_bin) if harness_bin else None)
+        elif live:  # the ledgers on the hosts, not the prefix built here
             from fleetctl.tokens.live import live_tokens
 
             live_report = live_tokens(inventory or project / "inventory" / "demo.yaml",
@@ -101,7 +141,10 @@ def tokens_command(
                                       since=since, parallel=parallel)
         else:
             options = TokensOptions(agents=tuple(agents or ()), counter=counter.value,
-                                    compare_mcp=compare is CompareWith.mcp, baseline=baseline,
+                                    compare_mcp=compare is CompareWith.mcp,
+                                    compare_default=compare is CompareWith.default,
+                                    startup_timeout_s=startup_timeout,
+                                    baseline=baseline,
                                     max_growth_pct=max_growth, claude_model=claude_model)
             report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
                                   blueprint or project / "blueprint", options)
@@ -114,6 +157,8 @@ def tokens_command(
             err.print(f"internal error: {sys.exc_info()[1]!r} (run with --debug for the "
                       "traceback)", markup=False, highlight=False)
         raise typer.Exit(EXIT_ERROR) from None
+    if probe:
+        _write_probe(runs, fmt, target)
     if live:
         _write_live(live_report, fmt, target)
     _write_audit(report, fmt, target)
@@ -146,3 +191,14 @@ def _write_audit(report, fmt: Format, target) -> None:
     if target is not None:
         target.close()
     raise typer.Exit(report.exit_code)
+
+
+def _write_probe(runs, fmt: Format, target) -> None:
+    from fleetctl.tokens.render import probe_json, probe_text
+
+    fh = target or sys.stdout
+    fh.write(probe_json(runs) if fmt is Format.json else probe_text(runs))
+    fh.flush()
+    if target is not None:
+        target.close()
+    raise typer.Exit(1 if any(r.unexpected or r.missing for r in runs) else 0)

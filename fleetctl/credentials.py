@@ -11,6 +11,12 @@ In manifests and reports these paths are ``credentials/<agent>/<file>``, beside 
 tree's ``runner/``, ``skills/`` and ``agents/`` (which can never start with ``credentials``).
 Only granted capabilities render, one file per template of the capability. The rendered bytes
 are held as :class:`~fleetctl.secrets.Secret` values: drift, plans and reports see digests.
+
+A grant whose secret source gives no value (an unset variable, a missing program, an unreadable
+file) stops a ship, which names every such grant before it contacts the host. Drift and the
+audits instead render it as *unchecked* (:class:`UncheckedGrant`): its files are in the desired
+tree with their path, mode and owner but no digest, and the scan compares their content with the
+shipped record alone (:func:`fleetctl.scan.desired_for`), so a hand-patch is still found.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from fleetctl.blueprint import Blueprint
 from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, Entry, sha256_digest
-from fleetctl.secrets import REDACTED, Secret, SecretStore
+from fleetctl.secrets import REDACTED, Secret, SecretStore, SecretUnavailable, source_kind
 from fleetctl.yamlfile import display_path
 
 CREDENTIALS_TOP = "credentials"
@@ -45,6 +51,53 @@ def credentials_dir(host: Host, agent: Agent) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class UncheckedGrant:
+    """A grant whose secret was not available, so its files could not be rendered.
+
+    Attributes:
+        agent: the agent's name.
+        capability: the granted capability.
+        source: the kind of the secret source: ``env``, ``file`` or ``command``.
+        source_name: how the source is named (``environment variable GH_TOKEN``, ``file
+            secrets/gh``, ``command pass``); never a value.
+        reason: why it gave no value (the source's error message; never a value).
+        where: ``file:line: key.path`` of the grant in the inventory.
+        paths: the credential files the grant renders (``credentials/<agent>/<file>``).
+    """
+
+    agent: str
+    capability: str
+    source: str
+    source_name: str
+    reason: str
+    where: str
+    paths: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for people: grant, agent, source and reason."""
+        return (f"grant {self.capability} of agent {self.agent} ({self.where}): {self.reason}")
+
+    def to_json(self) -> dict[str, Any]:
+        """``{agent, capability, source, source_name, reason, where, paths}``."""
+        return {"agent": self.agent, "capability": self.capability, "source": self.source,
+                "source_name": self.source_name, "reason": self.reason, "where": self.where,
+                "paths": list(self.paths)}
+
+
+class SecretsMissing(InputError):
+    """Secrets a ship must write are not available; ``unchecked`` lists each grant."""
+
+    def __init__(self, host: str, unchecked: list[UncheckedGrant]) -> None:
+        self.unchecked = list(unchecked)
+        shown = "; ".join(u.describe() for u in unchecked)
+        super().__init__(
+            f"{host}: {len(unchecked)} secret(s) needed for its credential files are not "
+            f"available, so nothing was sent to the host: {shown}",
+            hint="make every secret source of this host available (set the variable, install "
+            "the program, fix the file) and ship again; drift and creds audit work without them")
+
+
+@dataclass(frozen=True, slots=True)
 class CredentialTree:
     """The credential files of one host.
 
@@ -53,15 +106,18 @@ class CredentialTree:
             are ``None`` where the host's default owner applies (an agent without a user).
         secrets: file content by digest (``"sha256:..."``), as secrets.
         files: ``credentials/<agent>/<file>`` → ``(agent, capability)``, for reports.
+        unchecked: the grants whose secret was not available (only with ``missing_ok``); their
+            files are in ``entries`` without a digest.
     """
 
     entries: list[Entry] = field(default_factory=list)
     secrets: dict[str, Secret] = field(default_factory=dict)
     files: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unchecked: list[UncheckedGrant] = field(default_factory=list)
 
 
 def render_credentials(blueprint: Blueprint, host: Host,
-                       agent_context: Any) -> CredentialTree:
+                       agent_context: Any, missing_ok: bool = False) -> CredentialTree:
     """Render every grant of every agent of ``host``.
 
     Args:
@@ -69,11 +125,15 @@ def render_credentials(blueprint: Blueprint, host: Host,
         host: the host; its ``secrets`` store resolves each grant's secret once per run.
         agent_context: ``(blueprint, host, agent) -> dict``, the template variables of an agent
             (``fleetctl.render.agent_context``); ``secret`` and ``scope`` are added to them.
+        missing_ok: ``True`` (drift, audits): a grant whose secret is not available is listed
+            in ``unchecked`` and its files get entries without a digest. ``False`` (ship,
+            default): every grant is tried, then :class:`SecretsMissing` names all that failed.
 
     Raises:
-        InputError: a grant of a capability the blueprint lacks, a secret that cannot be
-            resolved or is not UTF-8 text, a template error (any copy of the secret in its
-            message is replaced by ``[redacted]``), or two capabilities rendering one file name.
+        SecretsMissing: without ``missing_ok``, one or more secrets are not available.
+        InputError: a grant of a capability the blueprint lacks, a secret that is not UTF-8
+            text, a template error (any copy of the secret in its message is replaced by
+            ``[redacted]``), or two capabilities rendering one file name.
     """
     from fleetctl.render import render_template  # render imports this module
 
@@ -91,10 +151,14 @@ def render_credentials(blueprint: Blueprint, host: Host,
             if capability is None:
                 raise InputError(f"{grant.where}: no capability {grant.capability!r} in the "
                                  "blueprint")
+            unavailable = None
             try:
                 secret = store.resolve(grant.secret)
-            except InputError as exc:  # say which grant, beside which source
-                raise InputError(f"{grant.where}: {exc.message}", hint=exc.hint) from None
+            except SecretUnavailable as exc:
+                unavailable = exc
+            if unavailable is not None:
+                _add_unchecked(tree, host, agent, grant, capability, unavailable)
+                continue
             try:
                 text = secret.reveal().decode("utf-8")
             except UnicodeDecodeError:
@@ -123,7 +187,30 @@ def render_credentials(blueprint: Blueprint, host: Host,
                 # No size: a credential is known by its digest alone (records, reports).
                 tree.entries.append(Entry(path, FILE, mode=FILE_MODE, owner=agent.owner,
                                           digest=digest))
+    if tree.unchecked and not missing_ok:
+        raise SecretsMissing(host.name, tree.unchecked)
     return tree
+
+
+def _add_unchecked(tree: CredentialTree, host: Host, agent: Agent, grant: Any, capability: Any,
+                   exc: SecretUnavailable) -> None:
+    """Record a grant whose secret is not available; its files get entries without digest."""
+    base = f"{CREDENTIALS_TOP}/{agent.name}"
+    paths = []
+    for name in capability.templates:
+        path = f"{base}/{name}"
+        if path in tree.files:
+            other = tree.files[path][1]
+            raise InputError(f"{grant.where}: capability {grant.capability!r} renders "
+                             f"{name!r}, which capability {other!r} also renders for "
+                             f"agent {agent.name}")
+        tree.files[path] = (agent.name, grant.capability)
+        tree.entries.append(Entry(path, FILE, mode=FILE_MODE, owner=agent.owner))
+        paths.append(path)
+    source = exc.source if exc.source is not None else grant.secret
+    tree.unchecked.append(UncheckedGrant(agent.name, grant.capability, source_kind(source),
+                                         source.describe(), exc.message, grant.where,
+                                         tuple(paths)))
 
 
 def _redact(message: str, secret: str) -> str:

@@ -12,6 +12,10 @@ Two kinds of finding, each a :class:`Finding` with a stable rule id (see :data:`
   removed agent, a leftover temporary file), and an agent's HOME that others may read or that
   someone else owns.
 
+A rule that needs a secret value (``shared-secret``) is skipped for a grant whose secret source
+gives no value (an unset variable, a missing program, an unreadable file): the audit names each
+skip (:class:`Skipped`) and runs every other rule, static and live, which need no value.
+
 No secret value ever reaches a finding: secrets are compared by :attr:`Secret.digest` and shown
 by a short digest prefix. The core never imports typer or rich; ``fleetctl/cli_creds.py``
 renders the text table, :func:`to_json` and :func:`to_markdown` the documents. See
@@ -33,6 +37,7 @@ from fleetctl.errors import (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, FleetctlError, 
 from fleetctl.inventory import Agent, Grant, Host, Inventory
 from fleetctl.manifest import DIR, Manifest
 from fleetctl.names import escape_name, printable
+from fleetctl.secrets import SecretUnavailable, source_kind
 from fleetctl.yamlfile import display_path, key_path_text, line_of, load_yaml
 
 SCHEMA_VERSION = 1
@@ -125,6 +130,41 @@ class Finding:
         return record
 
 
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A rule the audit could not run for one grant, because its secret was not available.
+
+    Attributes:
+        host: the host's inventory name.
+        rule: the rule skipped (a key of :data:`RULES`, e.g. ``shared-secret``).
+        agent: the agent.
+        capability: the granted capability.
+        source: the kind of secret source: ``env``, ``file`` or ``command``.
+        source_name: how the source is named (``environment variable GH_TOKEN``); no value.
+        reason: why it gave no value.
+        where: ``file:line: key.path`` of the grant in the inventory.
+    """
+
+    host: str
+    rule: str
+    agent: str
+    capability: str
+    source: str
+    source_name: str
+    reason: str
+    where: str | None = None
+
+    def describe(self) -> str:
+        """One line for people."""
+        return (f"{self.rule} for grant {self.capability} of agent {self.agent}: {self.reason}")
+
+    def to_json(self) -> dict[str, Any]:
+        """``{rule, agent, capability, source, source_name, reason, where}``."""
+        return {"rule": self.rule, "agent": self.agent, "capability": self.capability,
+                "source": self.source, "source_name": self.source_name,
+                "reason": escape_name(self.reason)[0], "where": self.where}
+
+
 @dataclass(slots=True)
 class HostAudit:
     """The audit of one host.
@@ -139,6 +179,8 @@ class HostAudit:
         error: one line saying what went wrong, for ``error`` and ``incomplete``.
         hint: what the user can do about it.
         unreadable: ``(path, error)`` of each credential path or HOME the scan could not read.
+        skipped: rules not run for a grant whose secret was not available; they do not change
+            the status (every other rule ran).
         debug: an internal error's traceback, shown only with ``--debug``.
     """
 
@@ -149,6 +191,7 @@ class HostAudit:
     error: str | None = None
     hint: str | None = None
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
     debug: str | None = None
 
     @property
@@ -193,6 +236,7 @@ class AuditReport:
                                 for s in SEVERITIES},
                 "by_rule": dict(sorted(by_rule.items())),
                 "hosts": len(self.hosts), "hosts_by_status": dict(sorted(by_status.items())),
+                "skipped": sum(len(h.skipped) for h in self.hosts),
                 "static_only": self.static_only}
 
 
@@ -338,7 +382,8 @@ def static_audit(blueprint: Blueprint, hosts: list[Host],
     """Run every static rule over ``hosts``; no host is contacted.
 
     Each grant's secret is resolved (through the host's secret store) to compare values; a
-    secret that cannot be resolved makes that host ``error`` and the others are still audited.
+    grant whose secret is not available is left out of that comparison and named in the host's
+    ``skipped`` (every other rule still runs).
     The shared-secret comparison spans ``hosts`` (all of the inventory when none are named).
 
     Args:
@@ -361,8 +406,15 @@ def static_audit(blueprint: Blueprint, hosts: list[Host],
                 for grant in agent.grants:
                     audit.findings += grant_findings(blueprint, host, agent, grant)
                     if host.secrets is not None:
-                        host_resolved.append(
-                            (host, agent, grant, host.secrets.resolve(grant.secret).digest))
+                        try:
+                            digest = host.secrets.resolve(grant.secret).digest
+                        except SecretUnavailable as exc:
+                            audit.skipped.append(Skipped(
+                                host.name, "shared-secret", agent.name, grant.capability,
+                                source_kind(grant.secret), grant.secret.describe(), exc.message,
+                                grant.where or None))
+                            continue
+                        host_resolved.append((host, agent, grant, digest))
             audit.findings += user_findings(host, locator.where)
             resolved += host_resolved
         except FleetctlError as exc:
@@ -536,7 +588,7 @@ def scan_host(blueprint: Blueprint, host: Host, audit: HostAudit) -> None:
     from fleetctl.render import render_host  # render pulls in jinja2; --static needs neither
     from fleetctl.scan import desired_for, host_session
 
-    tree = render_host(blueprint, host)
+    tree = render_host(blueprint, host, missing_secrets_ok=True)  # live rules need no value
     with host_session(host, "scan") as (_call, _events, state):
         pass
     audit.scanned = True
@@ -609,7 +661,7 @@ def audit_credentials(blueprint: Blueprint, inventory: Inventory, hosts: list[Ho
 
 def host_json(audit: HostAudit) -> dict[str, Any]:
     """One host's record: ``host, status, exit_code, scanned, findings, error, hint,
-    unreadable``."""
+    unreadable, skipped``."""
     unreadable = []
     for path, error in audit.unreadable:
         shown, escaped = escape_name(path)
@@ -619,7 +671,7 @@ def host_json(audit: HostAudit) -> dict[str, Any]:
             "scanned": audit.scanned, "findings": len(audit.findings),
             "error": escape_name(audit.error)[0] if audit.error else None,
             "hint": escape_name(audit.hint)[0] if audit.hint else None,
-            "unreadable": unreadable}
+            "unreadable": unreadable, "skipped": [k.to_json() for k in audit.skipped]}
 
 
 def to_json(report: AuditReport) -> str:
@@ -648,6 +700,8 @@ def to_markdown(report: AuditReport) -> str:
         lines.append(f"| {_md(h.host)} | {h.status} | {len(h.findings)} | {_md(h.error)} |")
         for path, error in h.unreadable:
             lines.append(f"| | | | unreadable: {_md(path)}: {_md(error)} |")
+        for k in h.skipped:
+            lines.append(f"| | | | skipped: {_md(k.describe())} |")
     if report.findings:
         lines += ["", "## Findings", "",
                   "| severity | host | agent | capability | rule | finding | where |",

@@ -140,6 +140,10 @@ class HostCall:
     def __init__(self, transport: Transport, python: str, request: dict,
                  timeout_s: float | None) -> None:
         self.label = self._label = transport.label
+        #: What the transport noticed while connecting (a known_hosts line skipped); a scan
+        #: reports them among its warnings.
+        self.transport_warnings: list[str] = list(getattr(transport, "warnings", ()))
+        self._transport = transport
         self._timed_out = False
         if INTERRUPTED.is_set():
             raise HostError(f"{self.label}: interrupted; not started")
@@ -222,6 +226,9 @@ class HostCall:
             return HostError(f"{self._label}: timed out; the operation was ended")
         self._chan.kill()
         tail = self._chan.stderr_tail().strip()
+        explained = self._transport.explain(tail)  # e.g. sudo refused (become: sudo)
+        if explained is not None:
+            return explained
         detail = f": {tail.splitlines()[-1]}" if tail else ""
         return HostError(f"{self._label}: the host-side program failed ({why}){detail}")
 
@@ -319,6 +326,7 @@ def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = 
             if event["shipped"]:
                 state.shipped = Manifest()
         elif kind == "scan-end":
+            state.warnings[:0] = [w for w in call.transport_warnings if w not in state.warnings]
             state.live = Manifest(live)
             if state.shipped is not None:
                 state.shipped = Manifest(shipped)

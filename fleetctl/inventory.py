@@ -75,6 +75,7 @@ class HostSettings(BaseModel):
     root: str | None = None
     transport: Literal["ssh", "local"] | None = None
     python: str | None = Field(default=None, pattern=r"^\S+$")
+    become: Literal["sudo", "none"] | None = None
     owner: Owner | None = None
     keep_releases: int | None = Field(default=None, ge=1, strict=True)
     service: Literal["none", "systemd"] | None = None
@@ -179,7 +180,11 @@ class Host:
         known_hosts: known_hosts path, or ``None`` for ``~/.ssh/known_hosts``.
         root: the managed root on the host (absolute).
         transport: ``ssh`` or ``local``.
-        python: the interpreter on the host that runs the host-side program.
+        python: the interpreter on the host that runs the host-side program (default
+            ``python3``; ``/usr/bin/python3`` with ``become: sudo``, whose sudoers entry names
+            an absolute program).
+        become: ``"sudo"``: the login becomes root through ``sudo -n`` to run the host-side
+            program (``docs/inventory.md``, become); ``None``: it runs as the login.
         owner: ``"user:group"`` of managed entries, or ``None`` for the connecting user.
         keep_releases: how many releases to keep (current always kept); default 5.
         service: ``none`` (fleetctl installs no service) or ``systemd`` (ship installs and
@@ -201,6 +206,7 @@ class Host:
     identity_file: Path | None = None
     known_hosts: Path | None = None
     python: str = "python3"
+    become: str | None = None
     owner: Owner | None = None
     keep_releases: int = 5
     service: str = "none"
@@ -251,8 +257,8 @@ def load_inventory(path: Path, roles: set[str] | None = None,
 
     Raises:
         InputError: bad YAML, unknown key, wrong type, missing role, relative SSH root, a bad
-            grant, a systemd host with an agent without ``user``; each names the file, the line
-            and the key path.
+            grant, a systemd host with an agent without ``user``, ``become: sudo`` with a
+            relative ``python``; each names the file, the line and the key path.
     """
     if blueprint is not None:
         roles = set(blueprint.roles)
@@ -312,6 +318,14 @@ def load_inventory(path: Path, roles: set[str] | None = None,
                                       f"{agent.user} overlaps HOME {other.home} of user "
                                       f"{other.user} (agent {other.name})")
             agents.append(agent)
+        become = pick("become")
+        become = None if become in (None, "none") else become
+        python = pick("python") or ("/usr/bin/python3" if become == "sudo" else "python3")
+        if become == "sudo" and not python.startswith("/"):
+            where = ["hosts", name, "python"] if h.python is not None else ["defaults", "python"]
+            raise input_error(path, node, where, f"with become: sudo, python must be an "
+                              f"absolute path (got {python!r}): the sudoers entry names the "
+                              "exact program sudo runs", hint="e.g. python: /usr/bin/python3")
         identity = pick("identity_file")
         known = pick("known_hosts")
         hosts.append(Host(
@@ -323,7 +337,8 @@ def load_inventory(path: Path, roles: set[str] | None = None,
             user=pick("user"),
             identity_file=(base / Path(identity).expanduser()) if identity else None,
             known_hosts=(base / Path(known).expanduser()) if known else None,
-            python=pick("python") or "python3",
+            python=python,
+            become=become,
             owner=pick("owner"),
             keep_releases=pick("keep_releases") or 5,
             service=pick("service") or "none",

@@ -29,7 +29,7 @@ from typing import Any
 import jinja2
 
 from fleetctl.blueprint import Blueprint, Role
-from fleetctl.credentials import credentials_dir, render_credentials
+from fleetctl.credentials import UncheckedGrant, credentials_dir, render_credentials
 from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
@@ -51,12 +51,15 @@ class DesiredTree:
         manifest: every entry; owners are ``None`` where the host's default owner applies.
         contents: file content by digest (``"sha256:..."``), bytes; never a credential file.
         secrets: credential file content by digest, as :class:`~fleetctl.secrets.Secret`.
+        unchecked: grants whose secret was not available (``render_host(missing_secrets_ok=
+            True)`` only); their files are in ``manifest`` without a digest.
     """
 
     host: str
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)
     secrets: dict[str, Secret] = field(default_factory=dict)
+    unchecked: tuple[UncheckedGrant, ...] = ()
 
 
 class _Builder:
@@ -126,7 +129,15 @@ def agent_context(blueprint: Blueprint, host: Host, agent: Agent) -> dict[str, A
     context = _context_for_host(host)
     return {**agent.vars, "host": context["host"], "agents": context["agents"],
             "agent": _agent_data(host, agent),
-            "role": blueprint.roles[agent.role].model_dump()}
+            "role": _role_data(blueprint.roles[agent.role])}
+
+
+def _role_data(role: Role) -> dict[str, Any]:
+    """The role for templates; its ``agent_command`` with the harness's tool flags for the
+    role's ``tools:`` (:func:`fleetctl.tokens.declare.harness_command`)."""
+    from fleetctl.tokens.declare import harness_command
+
+    return {**role.model_dump(), "agent_command": harness_command(role)}
 
 
 _UNDEFINED = re.compile(r"'([^']+)' is undefined")
@@ -185,18 +196,22 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
-def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True) -> DesiredTree:
+def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True,
+                missing_secrets_ok: bool = False) -> DesiredTree:
     """Render the desired tree of ``host``, its credential files included.
 
     Args:
         blueprint: the loaded blueprint.
         host: the host, with its agents and their grants.
         with_credentials: ``False`` leaves the credentials tree out (and resolves no secret).
+        missing_secrets_ok: ``True`` (drift, audits): a grant whose secret is not available is
+            listed in ``unchecked`` instead of stopping the render; ``False`` (ship, default).
 
     Raises:
+        SecretsMissing: (an ``InputError``) without ``missing_secrets_ok``, one or more grants'
+            secrets are not available; it names every one of them.
         InputError: a template fails to render, two sources produce one path, a declared
-            directory clashes with a file, a blueprint file cannot be read, or a grant's secret
-            cannot be resolved.
+            directory clashes with a file, or a blueprint file cannot be read.
     """
     b = _Builder(blueprint, host)
     context = _context_for_host(host)
@@ -259,13 +274,14 @@ def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True)
         if bridge is not None:
             b.add_file(f"{base}/{BRIDGE_CONFIG}", bridge, DEFAULT_FILE_MODE, f"agent {agent.name}")
     secrets: dict[str, Secret] = {}
+    unchecked: tuple[UncheckedGrant, ...] = ()
     if with_credentials:
-        creds = render_credentials(blueprint, host, agent_context)
+        creds = render_credentials(blueprint, host, agent_context, missing_ok=missing_secrets_ok)
         for entry in creds.entries:
             b.entries[entry.path] = entry
-        secrets = creds.secrets
+        secrets, unchecked = creds.secrets, tuple(creds.unchecked)
     return DesiredTree(host=host.name, manifest=Manifest(b.entries.values()), contents=b.contents,
-                       secrets=secrets)
+                       secrets=secrets, unchecked=unchecked)
 
 
 BRIDGE_CONFIG = "mcp-bridge.json"

@@ -85,6 +85,8 @@ def result_json(result: HostResult, command: str) -> dict[str, Any]:
                        "services": result.services.to_json() if result.services else None})
     record["warnings"] = [safe_text(w) for w in result.warnings]
     record["accounts"] = [safe_text(a) for a in result.accounts]
+    record["unchecked_grants"] = [{k: safe_text(v) if isinstance(v, str) else v
+                                   for k, v in u.to_json().items()} for u in result.unchecked]
     record["unreadable"] = []
     for u in result.unreadable:
         path, escaped = escape_name(u.path)
@@ -127,8 +129,8 @@ def _attr_summary(change: Change, entry: Entry | None) -> str:
         return entry.owner or "-"
     if kind == "target":
         return "→ " + printable(entry.target or "")
-    if entry.type == "file":
-        return f"file {entry.mode} {entry.digest[7:19]}"
+    if entry.type == "file":  # no digest: a credential file whose secret was not available
+        return f"file {entry.mode} {entry.digest[7:19] if entry.digest else '(unchecked)'}"
     if entry.type == "symlink":
         return "symlink → " + printable(entry.target or "")
     return f"{entry.type} {entry.mode or ''}".strip()
@@ -268,6 +270,9 @@ def print_text(console: Console, results: list[HostResult], title: str,
         console.print(line, soft_wrap=True)
         for account in result.accounts:
             console.print(Text(f"  account: {printable(account)}"), soft_wrap=True)
+        for u in result.unchecked:
+            console.print(Text(f"  unchecked: {printable(u.describe())}; its files were compared "
+                               "with the shipped record only", style="yellow"), soft_wrap=True)
         for warning in result.warnings:
             console.print(Text(f"  warning: {printable(warning)}", style="yellow"), soft_wrap=True)
         if result.hint and result.status not in ("in-sync", "shipped", "no-op"):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
 from fleetctl.hostcall import Unreadable
 from fleetctl.diffs import FileDiff
 from fleetctl.source import Ancestry
+
+if TYPE_CHECKING:
+    from fleetctl.credentials import UncheckedGrant
 
 # status -> exit code (DESIGN.md §4)
 STATUS_EXIT = {
@@ -91,6 +94,9 @@ class HostResult:
         in_progress: the process holding the host's ship lock while drift scanned, if any.
         diffs: with ``--diff``, each changed file's content diff (secrets: digests only);
             ``None`` when not asked for.
+        unchecked: for drift, the grants whose secret was not available
+            (:class:`~fleetctl.credentials.UncheckedGrant`): their files were compared with
+            the shipped record alone.
     """
 
     host: str
@@ -116,6 +122,7 @@ class HostResult:
     identity: str | None = None
     in_progress: str | None = None
     diffs: list[FileDiff] | None = None
+    unchecked: list["UncheckedGrant"] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

@@ -11,7 +11,7 @@ from fleetctl.credentials import LEFTOVER_PREFIX, is_credential_path
 from fleetctl.drift import PENDING, Change, compare
 from fleetctl.hostcall import HostCall, LiveState, read_scan
 from fleetctl.inventory import Host
-from fleetctl.manifest import Manifest
+from fleetctl.manifest import FILE, Manifest
 from fleetctl.render import DesiredTree
 from fleetctl.transport import open_transport
 
@@ -96,8 +96,28 @@ def shipped_base(state: LiveState) -> Manifest | None:
 
 
 def desired_for(tree: DesiredTree, state: LiveState) -> Manifest:
-    """The desired manifest with the host's default owner filled in."""
-    return tree.manifest.with_default_owner(state.owner)
+    """The desired manifest with the host's default owner filled in.
+
+    A credential file of an unchecked grant (its secret was not available, so its content is
+    unknown) takes the digest the shipped record has for that path: its live content is then
+    compared with what was shipped alone, and a hand-patch is still found. Without a shipped
+    file there, it takes the live digest (its content cannot be judged); with neither, it stays
+    without a digest (``missing``).
+    """
+    desired = tree.manifest.with_default_owner(state.owner)
+    if not tree.unchecked:
+        return desired
+    unchecked = {p for u in tree.unchecked for p in u.paths}
+    shipped = state.shipped if state.shipped is not None else Manifest()
+    entries = []
+    for entry in desired:
+        if entry.path in unchecked and entry.digest is None:
+            for known in (shipped.get(entry.path), state.live.get(entry.path)):
+                if known is not None and known.type == FILE and known.digest:
+                    entry = dataclasses.replace(entry, digest=known.digest)
+                    break
+        entries.append(entry)
+    return Manifest(entries)
 
 
 def _own_leftover(change: Change) -> Change:

@@ -44,6 +44,16 @@ STDERR_TAIL_CHARS = 600
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 
 
+class SecretUnavailable(InputError):
+    """A secret source gave no usable value: an unset variable, a missing or unreadable file, a
+    program that is missing, fails or times out, or an empty value. The message names the
+    source, never a value; ``source`` is the source (``None`` when not known)."""
+
+    def __init__(self, message: str, hint: str | None = None, source: Any = None) -> None:
+        super().__init__(message, hint)
+        self.source = source
+
+
 class Secret:
     """A secret value (bytes) whose text forms are a mask plus a short digest.
 
@@ -239,10 +249,10 @@ def resolve_secret(source: EnvSource | FileSource | CommandSource, base_dir: Pat
             a failing command's stderr is redacted of.
 
     Raises:
-        InputError: the variable is unset, the file is missing, unreadable or open to group/others,
-            the command is not found, fails, or exceeds ``timeout_s`` seconds, or the value is
-            empty.
-            The message names the source, never the value.
+        SecretUnavailable: (an :class:`~fleetctl.errors.InputError`) the variable is unset, the
+            file is missing, unreadable or open to group/others, the command is not found, fails,
+            or exceeds ``timeout_s`` seconds, or the value is empty. The message names the
+            source, never the value.
     """
     key = _cache_key(source, base_dir)
     found = cache.get(key)
@@ -257,7 +267,8 @@ def resolve_secret(source: EnvSource | FileSource | CommandSource, base_dir: Pat
     else:
         raise TypeError(f"not a secret source: {type(source).__name__}")
     if not secret.reveal():
-        raise InputError(f"secret from {source.describe()}: the value is empty")
+        raise SecretUnavailable(f"secret from {source.describe()}: the value is empty",
+                                source=source)
     cache[key] = secret
     return secret
 
@@ -269,8 +280,9 @@ def _strip_one_newline(data: bytes) -> bytes:
 def _from_env(source: EnvSource) -> Secret:
     raw = os.environb.get(source.env.encode())
     if raw is None:
-        raise InputError(f"secret from {source.describe()}: the variable is not set",
-                         hint=f"export {source.env} before running fleetctl")
+        raise SecretUnavailable(f"secret from {source.describe()}: the variable is not set",
+                                hint=f"export {source.env} before running fleetctl",
+                                source=source)
     return Secret(raw)
 
 
@@ -305,7 +317,7 @@ def _from_file(source: FileSource, base_dir: Path) -> Secret:
         finally:
             os.close(fd)
     if problem is not None:  # raised here, outside any except block: no chained context
-        raise InputError(f"{where}: {problem}", hint=hint)
+        raise SecretUnavailable(f"{where}: {problem}", hint=hint, source=source)
     assert secret is not None
     return secret
 
@@ -342,7 +354,7 @@ def _from_command(source: CommandSource, base_dir: Path, cache: SecretCache) -> 
     except OSError as exc:
         problem = f"cannot run: {exc.strerror}"
     if problem is not None:
-        raise InputError(f"{where}: {problem}", hint=hint)
+        raise SecretUnavailable(f"{where}: {problem}", hint=hint, source=source)
 
     timed_out = False
     try:
@@ -355,7 +367,8 @@ def _from_command(source: CommandSource, base_dir: Path, cache: SecretCache) -> 
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipes
             pass
-        raise InputError(f"{where}: did not finish within {source.timeout_s:g} s; killed")
+        raise SecretUnavailable(f"{where}: did not finish within {source.timeout_s:g} s; killed",
+                                source=source)
 
     if proc.returncode != 0:
         status = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
@@ -364,7 +377,8 @@ def _from_command(source: CommandSource, base_dir: Path, cache: SecretCache) -> 
         message = _tail(redact(err, [s.reveal() for s in cache.values()] + own)
                         .decode("utf-8", "replace"))
         del out, err, own  # nothing of the output stays reachable from the traceback
-        raise InputError(f"{where}: {status}" + (f": {message}" if message else ""))
+        raise SecretUnavailable(f"{where}: {status}" + (f": {message}" if message else ""),
+                                source=source)
     del err
     secret = Secret(_strip_one_newline(out))
     del out
@@ -383,7 +397,9 @@ class SecretStore:
     """The secrets of one run: each distinct source resolved once, safely from many threads.
 
     One store is made per loaded inventory and shared by its hosts, so hosts worked on in
-    parallel never run a secret command twice.
+    parallel never run a secret command twice. A source that failed is not tried again in the
+    same run either: every host that needs it gets the same :class:`SecretUnavailable` (so a
+    command that times out costs its ``timeout_s`` once, not once per host).
 
     Args:
         base_dir: the inventory's directory (relative ``file`` sources, commands' working dir).
@@ -394,12 +410,26 @@ class SecretStore:
 
         self.base_dir = base_dir
         self.cache: SecretCache = {}
+        self._failed: dict[Hashable, SecretUnavailable] = {}
         self._lock = threading.Lock()
 
     def resolve(self, source: EnvSource | FileSource | CommandSource) -> Secret:
-        """Return the secret ``source`` names (see :func:`resolve_secret` for the errors)."""
+        """Return the secret ``source`` names.
+
+        Raises:
+            SecretUnavailable: see :func:`resolve_secret`; a source that failed earlier in this
+                run fails again with the same message, without being read or run again.
+        """
+        key = _cache_key(source, self.base_dir)
         with self._lock:
-            return resolve_secret(source, self.base_dir, self.cache)
+            failed = self._failed.get(key)
+            if failed is None:
+                try:
+                    return resolve_secret(source, self.base_dir, self.cache)
+                except SecretUnavailable as exc:  # kept without its traceback (no frames)
+                    failed = SecretUnavailable(exc.message, hint=exc.hint, source=exc.source)
+                    self._failed[key] = failed
+        raise SecretUnavailable(failed.message, hint=failed.hint, source=failed.source)
 
     def values(self) -> list[bytes]:
         """Every value resolved so far (what output must be redacted of)."""
@@ -408,3 +438,8 @@ class SecretStore:
 
     def __repr__(self) -> str:
         return f"SecretStore({len(self.cache)} resolved)"
+
+
+def source_kind(source: EnvSource | FileSource | CommandSource) -> str:
+    """``env``, ``file`` or ``command``: the kind of a secret source, for reports."""
+    return _source_kind(source) or type(source).__name__

@@ -75,7 +75,7 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
             not the inventory's (:class:`~fleetctl.errors.HostError`); :func:`run_hosts` turns
             it into a result.
     """
-    tree = render_host(blueprint, host)
+    tree = render_host(blueprint, host, missing_secrets_ok=True)
     progress.host_step(host.name, "scan")
     with host_session(host, "scan") as (call, _events, state):
         changes = changes_for(blueprint, tree, state)
@@ -91,7 +91,7 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
         warnings.append(found.describe())
     common = dict(release=state.current, warnings=warnings, commit=state.commit,
                   ancestry=found, identity=_identity_name(state),
-                  in_progress=state.ship_in_progress)
+                  in_progress=state.ship_in_progress, unchecked=list(tree.unchecked))
     if state.unreadable:
         return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
                           error=f"{len(state.unreadable)} path(s) could not be read; the scan "

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
-# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, and chromium (the
-# HTML report is checked in headless Chromium: tests/test_report_html.py).
+# openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, sudo (the
+# `become: sudo` tests log in as a non-root user whose sudoers entry they write), chromium (the
+# HTML report is checked in headless Chromium: tests/test_report_html.py), and the real
+# Claude Code from the npm registry into .tools/ (gitignored): the harness-probe tests run it
+# against a local endpoint (docs/tokens.md, *Harness profiles*). Needs node >= 18 and npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +19,7 @@ if [ "${1:-}" = "--test" ]; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v git >/dev/null || need+=(git)
   command -v ssh-keygen >/dev/null || need+=(openssh-client)
+  [ -x /usr/bin/sudo ] || need+=(sudo)
   command -v chromium >/dev/null || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
@@ -39,4 +43,36 @@ if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 else
   .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  # The version the blueprint's harness profiles were probed with (blueprint/harnesses/).
+  claude_code_version=${CLAUDE_CODE_VERSION:-2.1.197}
+  claude=.tools/node_modules/.bin/claude
+  if ! "$claude" --version 2>/dev/null | grep -q "^$claude_code_version "; then
+    if ! command -v npm >/dev/null; then
+      echo "setup: the harness tests need npm (node >= 18) to install @anthropic-ai/claude-code" >&2
+      exit 2
+    fi
+    mkdir -p .tools
+    npm install --prefix .tools --no-audit --no-fund --no-save --loglevel=error \
+      "@anthropic-ai/claude-code@$claude_code_version" >/dev/null
+    # npm >= 11 may skip the package's postinstall (it copies the native binary into place).
+    "$claude" --version >/dev/null 2>&1 || \
+      node .tools/node_modules/@anthropic-ai/claude-code/install.cjs >/dev/null
+    "$claude" --version >/dev/null
+  fi
+  # The runner's gate tests run real checkers (tests/test_runner_gates.py): ruff and mypy in the
+  # venv, tsc in a project-local node directory (node and npm come with the machine). Pinned:
+  # the tests compare their messages.
+  .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1
+  if [ ! -x .tools/node/node_modules/.bin/tsc ] \
+      || [ "$(.tools/node/node_modules/.bin/tsc -v)" != "Version 5.9.3" ]; then
+    if ! command -v npm >/dev/null; then
+      echo "setup: the runner's gate tests need npm (to install typescript into .tools/node)" >&2
+      exit 2
+    fi
+    mkdir -p .tools/node
+    (cd .tools/node && npm install --no-audit --no-fund --silent typescript@5.9.3 >/dev/null)
+  fi
 fi

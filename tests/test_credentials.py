@@ -530,12 +530,18 @@ def test_credential_templates_and_their_file_names_are_checked_when_the_blueprin
 
 
 def test_a_secret_that_cannot_be_resolved_names_the_grant_and_its_source(fleet):
+    """Drift without the secret: not an error any more (issue 11); the grant is named with
+    its inventory line and its source, and so is the ship's refusal."""
     fleet.monkeypatch.delenv("TOK_GONE", raising=False)
     fleet.configure(grants_a=tok("TOK_GONE"))
     run = fleet.run("drift")
-    assert run.code == 2
+    assert run.code == 1, run.stdout + run.stderr
     assert "inv.yaml:" in run.stdout and "hosts.h.agents.a.grants.tok" in run.stdout
     assert "environment variable TOK_GONE" in run.stdout
+    shipped = fleet.run("ship", "--yes")
+    assert shipped.code == 2
+    assert "hosts.h.agents.a.grants.tok" in shipped.stdout
+    assert "environment variable TOK_GONE" in shipped.stdout
 
 
 def test_homes_of_different_users_may_not_overlap_or_climb(fleet):

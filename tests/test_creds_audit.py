@@ -184,7 +184,8 @@ def test_static_clean_audit_exits_0(tmp_path, project, planted, users):
     assert run.doc["schema_version"] == 1
     assert run.doc["findings"] == []
     assert run.doc["hosts"] == [{"host": "h1", "status": "clean", "exit_code": 0, "scanned": False,
-                                 "findings": 0, "error": None, "hint": None, "unreadable": []}]
+                                 "findings": 0, "error": None, "hint": None, "unreadable": [],
+                                 "skipped": []}]
     assert run.doc["summary"]["findings"] == 0
     assert not (tmp_path / "nowhere").exists()
     text = audit(inv, project, "--static")
@@ -303,23 +304,38 @@ def test_agents_without_their_own_user(tmp_path, project, planted, users, monkey
     assert_no_secret(planted, run.stdout, run.stderr)
 
 
-def test_unresolvable_secret_is_that_hosts_error(tmp_path, project, planted, users):
-    """A grant whose variable is unset makes its host ``error`` (exit 2); the other host is
-    still audited and its findings reported."""
+def test_unresolvable_secret_skips_only_the_rule_that_needs_it(tmp_path, project, planted, users):
+    """A grant whose variable is unset no longer makes its host ``error``: every rule that needs
+    no secret value runs on it (its broad scope is still found), ``shared-secret`` is named as
+    skipped for that grant (rule, agent, capability, source kind, never a value), and the other
+    host is audited as before. (Before issue 11: that host was ``error``, exit 2.)"""
+    unset = "S_UNSET_" + secrets.token_hex(4).upper()
     broken = clean_grants()
-    broken["database"]["secret"] = env("S_UNSET_" + secrets.token_hex(4).upper())
+    broken["database"]["secret"] = env(unset)
+    broken["forge"]["scope"]["repositories"] = ["acme/*"]
     fine = clean_grants()
     fine["forge"]["secret"], fine["database"]["secret"] = env("S_FORGE2"), env("S_DB2")
     inv = write_inventory(tmp_path / "inv.yaml", {
         "bad": local_host(tmp_path / "r1", {"a1": dev_agent(users(), **broken)}),
         "ok": local_host(tmp_path / "r2", {"b1": dev_agent(None, **fine)})})
     run = audit(inv, project, "--static", "-f", "json")
-    assert run.code == 2, run.stdout + run.stderr
+    assert run.code == 1, run.stdout + run.stderr
     hosts = {h["host"]: h for h in run.doc["hosts"]}
-    assert hosts["bad"]["status"] == "error" and "S_UNSET_" in hosts["bad"]["error"]
-    assert hosts["ok"]["status"] == "findings"
+    assert hosts["bad"]["status"] == "findings" and hosts["bad"]["error"] is None
+    assert ("bad", "a1", "forge", "broad-scope") in rules(run)
+    assert hosts["bad"]["skipped"] == [{
+        "rule": "shared-secret", "agent": "a1", "capability": "database", "source": "env",
+        "source_name": f"environment variable {unset}",
+        "reason": f"secret from environment variable {unset}: the variable is not set",
+        "where": hosts["bad"]["skipped"][0]["where"]}]
+    assert hosts["bad"]["skipped"][0]["where"].endswith("hosts.bad.agents.a1.grants.database")
+    assert hosts["ok"]["status"] == "findings" and hosts["ok"]["skipped"] == []
     assert ("ok", "b1", None, "no-own-user") in rules(run)
-    assert_no_secret(planted, run.stdout, run.stderr)
+    assert run.doc["summary"]["skipped"] == 1
+    text = audit(inv, project, "--static")
+    assert f"skipped: shared-secret for grant database of agent a1: secret from environment " \
+           f"variable {unset}" in text.stdout
+    assert_no_secret(planted, run.stdout, run.stderr, text.stdout, text.stderr)
 
 
 def test_output_file_and_bad_input(tmp_path, project, planted, users):

@@ -83,7 +83,7 @@ class Fleet:
     def argv(self, *extra: str) -> list[str]:
         return [str(self.root / "current" / "runner" / "bin" / "fleet-runner"), "--agent", AGENT,
                 "--root", str(self.root), "--kill-grace-s", "0.3", "--check-timeout-s", "20",
-                "--poll-s", "0.1", *extra]
+                "--poll-s", "0.1", "--retry-backoff-s", "0", *extra]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "FAKE_AGENT_LOG": str(self.log), "PYTHONDONTWRITEBYTECODE": "1",
@@ -253,12 +253,14 @@ def test_a_check_error_fails_the_gate_and_the_retry_fixes_it(make_fleet):
     assert fleet.run().returncode == 0
     starts = fleet.events("start")
     assert [s["attempt"] for s in starts] == ["1", "2"]
-    # The second attempt was fed the checker's raw output.
+    # The second attempt was fed the checker's errors in the files it changed, with paths
+    # relative to the workspace, and nothing else (not the checker's summary line).
     assert "verification failed: fix exactly this" in starts[1]["prompt"]
-    assert "./pkg/mod.py:2:5: E1 BAD marker" in starts[1]["prompt"]
+    assert "\n  pkg/mod.py:2:5: E1 BAD marker\n" in starts[1]["prompt"]
+    assert "Found 1 errors" not in starts[1]["prompt"]
     check1 = fleet.gate("t2", 1, "check")
     assert check1["status"] == "fail"
-    assert check1["details"]["new_errors"] == ["./pkg/mod.py:2:5: E1 BAD marker"]
+    assert check1["details"]["new_errors"] == ["pkg/mod.py:2:5: E1 BAD marker"]
     assert fleet.record("t2", 1)["verdict"] == "fail"
     assert fleet.record("t2", 2)["verdict"] == "pass"
     assert fleet.where("t2") == ["done"]
@@ -312,19 +314,23 @@ def test_checker_paths_are_normalised_absolute_and_through_symlinks(make_fleet, 
     assert fleet.run().returncode == 0
     check = fleet.gate("t5", 1, "check")
     assert check["status"] == "fail"
-    assert check["details"]["new_errors"] == [f"{real / 'pkg' / 'mod.py'}:2:5: E1 BAD marker"]
-    assert check["details"]["existing_debt"] == [f"{real / 'legacy.py'}:1:1: E1 BAD marker"]
+    # Placed in the workspace: listed (and fed back) relative to it.
+    assert check["details"]["new_errors"] == ["pkg/mod.py:2:5: E1 BAD marker"]
+    assert check["details"]["existing_debt"] == ["legacy.py:1:1: E1 BAD marker"]
 
 
-def test_unparseable_output_of_a_failing_checker_is_a_failure(make_fleet):
-    fleet = make_fleet("clean", check=f"{FAKES / 'badcheck'} --crash")
+def test_unparseable_output_of_a_failing_checker_fails_closed_and_escalates_at_once(make_fleet):
+    fleet = make_fleet("clean", check=f"{FAKES / 'badcheck'} --crash", max_retries=2)
     fleet.drop("t6", kind="agent", channel=None)
     assert fleet.run().returncode == 0
     check = fleet.gate("t6", 1, "check")
     assert check["status"] == "fail" and "cannot parse" in check["summary"]
+    assert check["details"]["fault"] is True
     assert "KeyError: 'config'" in check["output"]
+    assert len(fleet.events("start")) == 1  # no retry: no model run can make it readable
     assert fleet.where("t6") == ["failed"]
-    assert fleet.notices()[0]["kind"] == "gave-up"
+    [notice] = fleet.notices()
+    assert notice["kind"] == "check-fault" and "KeyError: 'config'" in notice["detail"]
 
 
 def test_an_answer_never_sent_fails_anti_silence(make_fleet):
@@ -672,7 +678,7 @@ def test_a_switched_release_is_picked_up_under_steady_load(make_fleet):
 RUN_RECORD_KEYS = {"schema_version", "agent", "task", "from", "attempt", "max_attempts", "run",
                    "release", "started", "finished", "verdict", "durations", "invocation",
                    "changes", "change_counts", "gates", "failed_gates", "denials", "files",
-                   "stale_group_killed", "note"}
+                   "stale_group_killed", "note", "check_leftovers", "scope_request"}
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])

@@ -102,10 +102,15 @@ def test_paths_are_normalised_before_matching(tmp_path):
     assert not path_keys("pkg/b.py", str(link)) & keys
 
 
-def test_classify_splits_touched_files_from_debt():
-    parsed = parse_checker_output((RECORDED / "eslint.txt").read_text("utf-8")
-                                  + (RECORDED / "tsc.txt").read_text("utf-8"))
-    workspace = Path("/tmp/rec")
+def test_classify_splits_touched_files_from_debt(tmp_path):
+    # Placed only in files that exist in the workspace: the recording's tree, rebuilt.
+    workspace = tmp_path / "rec"
+    (workspace / "src").mkdir(parents=True)
+    for name in ("a.js", "a.ts"):
+        (workspace / "src" / name).write_text("x\n")
+    text = ((RECORDED / "eslint.txt").read_text("utf-8").replace("/tmp/rec/", f"{workspace}/")
+            + (RECORDED / "tsc.txt").read_text("utf-8"))
+    parsed = parse_checker_output(text)
     inside, outside = classify(parsed.diagnostics, ["src/a.js"], workspace, workspace)
-    assert {d.path for d in inside} == {"/tmp/rec/src/a.js"} and len(inside) == 4
+    assert {d.path for d in inside} == {f"{workspace}/src/a.js"} and len(inside) == 4
     assert {d.path for d in outside} == {"src/a.ts"}

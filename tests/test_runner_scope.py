@@ -126,6 +126,11 @@ def test_changes_outside_the_scope_fail_the_gate_beside_the_check_and_feed_the_r
     second_prompt = fleet.events("start")[1]["prompt"]
     assert "### gate scope:" in second_prompt and "notes/todo.txt (added)" in second_prompt
     assert "### gate check:" in second_prompt
+    # The runner undid both stray changes after attempt 1, and said so.
+    assert sorted(scope["details"]["undone"]) == ["legacy/old.txt", "notes/todo.txt"]
+    assert scope["details"]["undo_failed"] == []
+    assert "The runner has put each of these back" in second_prompt
+    assert fleet.events("found") == [{**fleet.events("found")[0], "todo": False, "old": "old\n"}]
     assert fleet.record("s1", 2)["verdict"] == "pass"
     assert fleet.gate("s1", 2, "scope")["status"] == "pass"
     assert fleet.where("s1") == ["done"]

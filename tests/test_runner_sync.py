@@ -142,6 +142,7 @@ def test_a_person_s_uncommitted_change_refuses_the_task(make_fleet, repos):
     assert notice["kind"] == "refused" and "was not run" in notice["reason"]
     assert "README" in notice["reason"] and "notes.txt" in notice["reason"]
     assert "uncommitted change(s) the runner did not make" in notice["reason"]
+    assert f"(HEAD at {before[:12]} on main)" in notice["reason"]  # the commit, named
     assert " M README" in notice["detail"] and "?? notes.txt" in notice["detail"]
     # Nothing touched: same commit, same files, no stash, not even a fetch.
     assert git(ws, "rev-parse", "HEAD") == before

@@ -127,3 +127,85 @@ def test_server_errors_exit_non_zero_with_one_line(config):
     assert done.stderr.decode().count("\n") == 1
     done = bridge(config, "nosuch")
     assert done.returncode == 2 and "no server 'nosuch'" in done.stderr.decode()
+
+
+# -- issue 12: the bridge holds up --------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    # Nested objects are checked against the schema before any call: types, enums, arrays.
+    (["search_issues", "--query", "x", "--filter", '{"team": 5}'],
+     "--filter.team: 5 is not string"),
+    (["search_issues", "--query", "x", "--filter", '{"states": ["todo", "someday"]}'],
+     '--filter.states[1]: "someday" must be one of'),
+    (["search_issues", "--query", "x", "--filter", '{"include_archived": "yes"}'],
+     '--filter.include_archived: "yes" is not boolean'),
+    (["create_issue", "--team", "E", "--title", "t", "--estimate", '{"confidence": "low"}'],
+     "--estimate: missing required points"),
+    # Booleans take true or false only.
+    (["get_issue", "--identifier", "A", "--include_comments", "yes"],
+     "--include_comments: 'yes' is not true or false"),
+    (["get_issue", "--identifier", "A", "--include_comments", "1"],
+     "--include_comments: '1' is not true or false"),
+])
+def test_arguments_checked_against_the_schema_before_the_call(config, args, message):
+    done = bridge(config, "tracker", *args)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_help_shows_required_arguments_and_defaults(config):
+    usage = bridge(config, "tracker", "search_issues", "--help").stdout.decode()
+    assert "--query TEXT  (required)" in usage
+    assert "--limit INT  (default 25)" in usage
+
+
+@pytest.fixture(scope="module")
+def paging(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("paging") / "mcp-bridge.json"
+    base = [sys.executable, "-m", "tests.mcp_servers.tracker"]
+    path.write_text(json.dumps({"servers": {
+        "half": {"command": [*base, "--page-size", "9", "--mode", "fail-page-2"],
+                 "env": TRACKER_ENV, "cwd": str(REPO)},
+        "loop": {"command": [*base, "--mode", "cursor-loop"], "env": TRACKER_ENV,
+                 "cwd": str(REPO)}}}))
+    return path
+
+
+def test_a_failing_page_keeps_the_tools_listed_before_it(paging):
+    listed = bridge(paging, "half", "--help")
+    assert listed.returncode == 1
+    assert len(listed.stdout.decode().splitlines()) == 9  # the first page
+    assert "tools/list page 2 failed" in listed.stderr.decode()
+    assert "the search index is rebuilding" in listed.stderr.decode()
+    # A tool of the first page is still called (tools/list order: create_issue is first).
+    first = listed.stdout.decode().splitlines()[0].split()[0]
+    done = bridge(paging, "half", first, "--team", "ENG", "--title", "x")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["identifier"] == "ENG-1"
+    assert "warning" in done.stderr.decode() and "page 2 failed" in done.stderr.decode()
+    # One after it cannot be found: said so, with the failure.
+    done = bridge(paging, "half", "list_users")
+    assert done.returncode == 1 and "listed before the listing failed" in done.stderr.decode()
+
+
+def test_a_cursor_loop_ends_the_listing_as_the_audit_does(paging):
+    done = bridge(paging, "loop", "--help")
+    assert len(done.stdout.decode().splitlines()) == 5
+    assert done.returncode == 1 and "repeats cursor" in done.stderr.decode()
+
+
+def test_servers_get_a_utf8_environment_and_a_crash_its_status(tmp_path):
+    path = tmp_path / "mcp-bridge.json"
+    base = [sys.executable, "-m", "tests.mcp_servers.tracker"]
+    path.write_text(json.dumps({"servers": {
+        "env": {"command": [*base, "--mode", "env"], "env": TRACKER_ENV, "cwd": str(REPO)},
+        "crash": {"command": [*base, "--mode", "crash-on-start"], "env": TRACKER_ENV,
+                  "cwd": str(REPO)}}}))
+    done = bridge(path, "env", "--help", locale="C")
+    assert done.returncode == 0, done.stderr
+    assert "LANG=C.UTF-8 stdout=utf-8 née" in done.stdout.decode("utf-8")
+    done = bridge(path, "crash", "--help")
+    assert done.returncode == 2
+    assert "the server exited with status 3 (RuntimeError: TRACKER_TOKEN is not set)" in \
+        done.stderr.decode()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from fleetctl.cli_tokens import tokens_command
@@ -70,7 +71,10 @@ def test_the_repository_blueprint(monkeypatch):
     assert eng["budgets"]["budget_tokens"] == 9000 and eng["status"] == "ok"
     assert sum(c["tokens"] for c in eng["components"]) == eng["total_tokens"]
     assert eng["context_window_tokens"] == 200_000
-    assert [t["name"] for t in eng["tools"]] == ["bash"]
+    # The harness's built-in tools replace the runner's shell tool: exactly the role's tools:.
+    declared = yaml.safe_load((REPO / "blueprint" / "roles" / "engineer.yaml").read_text())["tools"]
+    assert sorted(t["name"] for t in eng["tools"]) == sorted(declared)
+    assert eng["harness"]["name"] == "claude-code" and eng["harness_missing"] is None
 
 
 def test_text_report_names_everything(tmp_path):
@@ -199,8 +203,12 @@ def test_markdown(tmp_path):
 
 @pytest.mark.parametrize("args, role, message", [
     (["nosuch"], _triager(), "no agent named nosuch"),
-    ([], {**_triager(), "mcp_servers": {"t": {"command": ["x"], "snapshot": "y"}}},
-     "triager.yaml:6: mcp_servers.t: value error, give exactly one"),
+    ([], {**_triager(), "mcp_servers": {"t": {"env": {"A": "1"}}}},
+     "triager.yaml:6: mcp_servers.t: value error, give a command"),
+    ([], {**_triager(), "tools": ["Bash"]}, "triager.yaml:5: tools: needs an agent_command"),
+    ([], {**_triager(), "agent_command": ["claude", "--tools", "Bash"], "tools": ["Bash"]},
+     "--tools is already in agent_command"),
+    ([], {**_triager(), "harness": "nosuch"}, "unknown harness 'nosuch'"),
     ([], {**_triager(), "max_tools": "many"}, "max_tools"),
     ([], {**_triager(), "skills": ["nosuch"]}, "no skill 'nosuch'"),
     (["--counter", "claude-api"], _triager(), "ANTHROPIC_API_KEY"),

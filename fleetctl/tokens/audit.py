@@ -28,13 +28,14 @@ from typing import Any
 from fleetctl.blueprint import Role, load_blueprint
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError, worst_exit
 from fleetctl.inventory import load_inventory
-from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, JsonFileCache,
-                                      O200kCounter, anthropic_client)
+from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, CounterError,
+                                      JsonFileCache, O200kCounter, anthropic_client)
 from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
                                      mcp_servers)
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
 from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
                                      measure_claude, measure_offline)
+from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
 from fleetctl.tokens.models import ContextWindow, context_window
 from fleetctl.yamlfile import display_path
 
@@ -54,6 +55,11 @@ class TokensOptions:
         counter: ``o200k`` (default: offline, exact for o200k_base) or ``claude-api`` (Claude's
             ``count_tokens``, needs an API key or ``claude_client``).
         compare_mcp: also measure each role with its MCP servers behind the bridge CLI.
+        startup_timeout_s: seconds every stdio MCP server may take to start, over what its
+            role says when longer (``--startup-timeout``, for a slow server); default ``None``.
+        compare_default: also measure each role as its harness runs by default: every
+            built-in tool (the default set's profile) and every MCP server mounted (``via:
+            mcp``), the "before" of stripping and bridging.
         baseline: a previous JSON report to compare with, or ``None``.
         max_growth_pct: growth of an agent's prefix over the baseline that is a finding;
             default 5 (percent).
@@ -68,6 +74,8 @@ class TokensOptions:
     agents: tuple[str, ...] = ()
     counter: str = "o200k"
     compare_mcp: bool = False
+    compare_default: bool = False
+    startup_timeout_s: float | None = None
     baseline: Path | None = None
     max_growth_pct: float = 5.0
     claude_client: Any = None
@@ -151,6 +159,16 @@ class AgentReport:
         findings: what is over, or failed.
         warnings: what the reader should know but is not a finding.
         compare: the bridge comparison, when asked for.
+        harness: the harness's part (``name``, ``version``, ``toolset``, ``profile``,
+            ``total_tokens``, ``default_total_tokens``, ``saving_tokens``...), or ``None``
+            when the role runs no known harness.
+        harness_missing: why the harness's part is not counted (no profile, unknown harness),
+            which makes the totals a lower bound; ``None`` when it is counted or not needed.
+        compare_default: before (the harness's default tool set, every MCP server mounted)
+            and after (as declared), when ``--compare default`` asked for it.
+        counter_error: why Claude's count failed (the numbers are then offline counts).
+        instructions: one row per ``via: mcp`` server with instructions: ``server``,
+            ``tokens`` (o200k_base), ``chars``, ``harness_keeps_chars``, ``cut``.
     """
 
     agent: str
@@ -167,11 +185,18 @@ class AgentReport:
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     compare: Comparison | None = None
+    harness: dict[str, Any] | None = None
+    harness_missing: str | None = None
+    compare_default: Any = None
+    counter_error: str | None = None
+    instructions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        """``incomplete`` (a server not measured), ``over`` (a finding) or ``ok``."""
-        if any(not s.measured for s in self.servers):
+        """``incomplete`` (a server not measured, or the harness's part unknown: a lower
+        bound), ``over`` (a finding) or ``ok``."""
+        if any(not s.measured for s in self.servers) or self.harness_missing \
+                or self.counter_error:
             return "incomplete"
         return "over" if self.findings else "ok"
 
@@ -368,8 +393,15 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     used_roles = list(dict.fromkeys(a.role for _, a in selected))
     decls: dict[str, McpServerDecl] = {}
     for role_name in used_roles:
-        for decl in mcp_servers(roles[role_name].mcp_servers).values():
+        # --compare default mounts every server, the bridged ones too: list them as well.
+        wanted = roles[role_name].mcp_servers if options.compare_default \
+            else mcp_servers(roles[role_name].mcp_servers)
+        for decl in wanted.values():
             decls.setdefault(_decl_key(decl), decl)
+    if options.startup_timeout_s is not None:
+        decls = {k: d.model_copy(update={"startup_timeout_s": max(d.startup_timeout_s,
+                                                                  options.startup_timeout_s)})
+                 for k, d in decls.items()}
     listed = list_servers(decls, blueprint)
 
     def measure(prefix: Any, model: str | None) -> Measurement:
@@ -380,26 +412,42 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
             api[chosen] = ClaudeCountTokens(client, chosen, cache)
         return measure_claude(prefix, api[chosen], counter, prefix_module)
 
-    per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None]] = {}
+    per_role: dict[str, tuple[Measurement, tuple[ServerListing, ...], Comparison | None,
+                              RoleHarness, Any]] = {}
+    counter_failures: dict[str, list[tuple[str | None, str]]] = {}
     for role_name in used_roles:
         role = roles[role_name]
         listings = tuple(_renamed(listed[_decl_key(d)], name)
                          for name, d in mcp_servers(role.mcp_servers).items())
         servers = [prefix_module.McpServerTools(s.name, s.tools, s.instructions)
                    for s in listings if s.measured]
+        harness = role_harness_part(blueprint, role)
         try:
             prefix = prefix_module.build_prefix(
-                role.prompt, role.skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
+                role.prompt, role.skills, skills_dir,
+                shell_tool=None if harness.kind is not None else prefix_module.SHELL_TOOL,
                 mcp_servers=servers, bridged_servers=bridged_servers(role.mcp_servers),
                 model=role.model)
         except prefix_module.PrefixError as exc:
             raise InputError(f"role {role_name}: {exc}") from None
-        measurement = measure(prefix, role.model)
+        try:
+            measurement = harness.add(measure(prefix, role.model), prefix_module, role.model)
+        except CounterError as exc:
+            chosen = role.model or options.claude_model or DEFAULT_CLAUDE_MODEL
+            counter_failures[role_name] = _counter_culprits(api[chosen], prefix, exc)
+            measurement = harness.add(measure_offline(prefix, counter, prefix_module),
+                                      prefix_module, role.model)
+            per_role[role_name] = (measurement, listings, None, harness, None)
+            continue
         comparison = None
         if options.compare_mcp and role.mcp_servers:
             comparison = _compare(prefix_module, role, skills_dir, measurement, listings,
-                                  measure)
-        per_role[role_name] = (measurement, listings, comparison)
+                                  measure, harness)
+        before = None
+        if options.compare_default:
+            before = _compare_default(prefix_module, role, skills_dir, listed, measure,
+                                      harness, measurement, listings)
+        per_role[role_name] = (measurement, listings, comparison, harness, before)
 
     counter_info: dict[str, Any] = {"name": counter.name, "exact": True, **counter.provenance()}
     if options.counter == "claude-api":
@@ -417,18 +465,44 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
     agents = []
     for host, agent in selected:
         role = roles[agent.role]
-        measurement, listings, comparison = per_role[agent.role]
+        measurement, listings, comparison, harness, before = per_role[agent.role]
         report = AgentReport(
             agent=agent.name, host=host, role=agent.role, model=role.model,
             measurement=measurement, window=context_window(role.model),
             budget_tokens=role.budget_tokens, max_tool_tokens=role.max_tool_tokens,
             max_tools=role.max_tools, servers=listings,
-            bridged=tuple(bridged_servers(role.mcp_servers)), compare=comparison)
+            bridged=tuple(bridged_servers(role.mcp_servers)), compare=comparison,
+            harness=harness.info(), harness_missing=harness.missing, compare_default=before)
+        if harness.missing:
+            report.findings.append(Finding("harness", harness.missing, harness.name))
+            report.warnings.append("lower bound: the harness's own part (system prompt, "
+                                   "built-in tools, reminders) is not counted")
+        report.warnings.extend(harness.warnings)
+        for server, message in counter_failures.get(agent.role, []):
+            report.counter_error = message
+            report.findings.append(Finding(
+                "counter", (f"MCP server {server}: " if server else "") + message, server))
+        if agent.role in counter_failures:
+            report.warnings.append("Claude's count failed: these numbers are o200k_base counts "
+                                   "made offline instead (a lower bound for Claude's)")
         for s in listings:
             if not s.measured:
                 report.findings.append(Finding(
                     "server", f"MCP server {s.name} could not be measured ({s.status}): "
                     f"{s.detail}", s.name))
+        for s in listings:
+            report.warnings.extend(f"MCP server {s.name}: {flag}" for flag in s.flags)
+            if s.measured and s.instructions and s.instructions.strip():
+                kept = harness.kind.instructions_kept_chars if harness.kind else None
+                cut = kept is not None and len(s.instructions) > kept
+                report.instructions.append({
+                    "server": s.name, "tokens": counter.count(s.instructions),
+                    "chars": len(s.instructions), "harness_keeps_chars": kept, "cut": cut})
+                if cut:
+                    report.warnings.append(
+                        f"MCP server {s.name}: its instructions are {len(s.instructions):,} "
+                        f"characters; {harness.name} keeps the first {kept:,} (the rest is cut "
+                        "before the model sees it)")
         if any(not s.measured for s in listings):
             report.warnings.append("incomplete: the totals leave out the tools of the servers "
                                    "that could not be measured (a lower bound)")
@@ -451,6 +525,24 @@ def audit_tokens(inventory: Path, blueprint: Path, options: TokensOptions = Toke
                         max_growth_pct=options.max_growth_pct if options.baseline else None)
 
 
+def _counter_culprits(api: ClaudeCountTokens, prefix: Any, failure: CounterError
+                      ) -> list[tuple[str | None, str]]:
+    """Which MCP servers' tools Claude's count refuses, each with the provider's message: each
+    server's tools are counted alone; when none fails alone (a connection failure, a proxy
+    that drops tools), the whole request's failure is reported, for every server it had."""
+    servers = list(dict.fromkeys(t.server for t in prefix.tools if t.server is not None))
+    out: list[tuple[str | None, str]] = []
+    for server in servers:
+        tools = [t.sent() for t in prefix.tools if t.server == server]
+        try:
+            api.check_tools_counted("", tools)
+        except CounterError as exc:
+            out.append((server, exc.message))
+    if not out:
+        out = [(server, failure.message) for server in servers] or [(None, failure.message)]
+    return out
+
+
 def _renamed(listing: ServerListing, name: str) -> ServerListing:
     """The same listing under the name this role gives the server."""
     from dataclasses import replace
@@ -459,18 +551,22 @@ def _renamed(listing: ServerListing, name: str) -> ServerListing:
 
 
 def _compare(prefix_module: Any, role: Role, skills_dir: Path, declared: Measurement,
-             listings: tuple[ServerListing, ...], measure: Any) -> Comparison:
+             listings: tuple[ServerListing, ...], measure: Any,
+             harness: RoleHarness | None = None) -> Comparison:
     bridge_skill = prefix_module.BRIDGE_SKILL
     skills = list(role.skills) + ([bridge_skill] if bridge_skill not in role.skills else [])
     servers = tuple(role.mcp_servers)
     try:
         prefix = prefix_module.build_prefix(
-            role.prompt, skills, skills_dir, shell_tool=prefix_module.SHELL_TOOL,
-            bridged_servers=servers, model=role.model)
+            role.prompt, skills, skills_dir,
+            shell_tool=None if harness is not None and harness.kind is not None
+            else prefix_module.SHELL_TOOL, bridged_servers=servers, model=role.model)
     except prefix_module.PrefixError as exc:
         raise InputError(f"--compare mcp: {exc}",
                          hint=f"the blueprint needs skills/{bridge_skill}/") from None
     bridge = measure(prefix, role.model)
+    if harness is not None:
+        bridge = harness.add(bridge, prefix_module, role.model)
     complete = all(s.measured for s in listings)
     indexes = ("skills_index", "cli_index")
     added = bridge.tokens_of(indexes) - declared.tokens_of(indexes)
@@ -481,3 +577,85 @@ def _compare(prefix_module: Any, role: Role, skills_dir: Path, declared: Measure
         saving_tokens=declared.total_tokens - bridge.total_tokens if complete else None,
         tool_tokens_declared=declared.tokens_of(TOOL_PARTS) if complete else None,
         tool_tokens_bridge=bridge_tools)
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultComparison:
+    """A role as its harness runs by default (before) versus as declared (after).
+
+    Before: the harness's default tool set (its profile), every MCP server of the role mounted
+    (``via: mcp``: every tool's definition in the prefix), no ``mcp-bridge`` skill. After: the
+    role as declared (its ``tools:``, its ``via``).
+
+    Attributes:
+        before: the measurement before, or ``None`` when it cannot be made (``reason``).
+        after: the measurement as declared.
+        tool_tokens_before: always-on tool-definition tokens before (:data:`TOOL_PARTS`).
+        tool_tokens_after: the same after, plus what the bridge adds to the skills and CLI
+            indexes.
+        reason: why there is no ``before`` (no default profile, a server not listed).
+    """
+
+    before: Measurement | None
+    after: Measurement
+    tool_tokens_before: int | None
+    tool_tokens_after: int
+    reason: str = ""
+
+    @property
+    def tool_cut_pct(self) -> float | None:
+        """The cut of tool-definition tokens, in percent of before."""
+        if not self.tool_tokens_before:
+            return None
+        return 100.0 * (self.tool_tokens_before - self.tool_tokens_after) \
+            / self.tool_tokens_before
+
+    @property
+    def prefix_cut_pct(self) -> float | None:
+        """The cut of the whole prefix, in percent of before."""
+        if self.before is None or not self.before.total_tokens:
+            return None
+        return 100.0 * (self.before.total_tokens - self.after.total_tokens) \
+            / self.before.total_tokens
+
+
+def _compare_default(prefix_module: Any, role: Role, skills_dir: Path,
+                     listed: dict[str, ServerListing], measure: Any, harness: RoleHarness,
+                     after: Measurement, listings: tuple[ServerListing, ...]
+                     ) -> DefaultComparison:
+    bridge_skill = prefix_module.BRIDGE_SKILL
+    indexes = ("skills_index", "cli_index")
+
+    def result(before: Measurement | None, reason: str = "") -> DefaultComparison:
+        added = 0
+        if before is not None:
+            added = max(0, after.tokens_of(indexes) - before.tokens_of(indexes)) \
+                if bridged_servers(role.mcp_servers) else 0
+        return DefaultComparison(before, after,
+                                 before.tokens_of(TOOL_PARTS) if before is not None else None,
+                                 after.tokens_of(TOOL_PARTS) + added, reason)
+
+    if harness.kind is None:
+        return result(None, "the role runs no harness fleetctl can profile")
+    if harness.default_profile is None:
+        return result(None, f"no profile of {harness.name}'s default tool set in "
+                            "harnesses/: run fleetctl tokens --probe")
+    if any(not s.measured for s in listings):
+        return result(None, "an MCP server could not be listed")
+    every = [_renamed(listed[_decl_key(d)], name) for name, d in role.mcp_servers.items()]
+    failed = [s.name for s in every if not s.measured]
+    if failed:
+        return result(None, f"MCP server {', '.join(failed)} could not be listed")
+    skills = list(role.skills)
+    if bridged_servers(role.mcp_servers) and bridge_skill in skills:
+        skills.remove(bridge_skill)  # before bridging, the role had no use for the bridge
+    try:
+        prefix = prefix_module.build_prefix(
+            role.prompt, skills, skills_dir, shell_tool=None,
+            mcp_servers=[prefix_module.McpServerTools(s.name, s.tools, s.instructions)
+                         for s in every], model=role.model)
+    except prefix_module.PrefixError as exc:
+        raise InputError(f"--compare default: {exc}") from None
+    before = harness.add(measure(prefix, role.model), prefix_module, role.model,
+                         harness.default_profile)
+    return result(before)

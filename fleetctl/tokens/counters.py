@@ -152,14 +152,40 @@ class ClaudeCountTokens:
         request = self.request(system, tools)
         key = request_digest(request)
         if key not in self.cache:
-            answer = self._client.messages.count_tokens(**request)
+            try:
+                answer = self._client.messages.count_tokens(**request)
+            except Exception as exc:  # noqa: BLE001 - the provider's own words, reported
+                raise CounterError(provider_message(exc)) from None
+            self.requests_sent += 1
             tokens = getattr(answer, "input_tokens", None)
             if not isinstance(tokens, int) or isinstance(tokens, bool):
-                raise InputError(f"count_tokens answered without an integer input_tokens: "
-                                 f"{answer!r}"[:300])
+                raise CounterError(f"count_tokens answered without an integer input_tokens: "
+                                   f"{answer!r}"[:300])
+            if tokens <= 0:  # a request always has its probe message: never cached
+                raise CounterError(f"count_tokens answered {tokens} for a request with a "
+                                   "message: not a count")
             self.cache[key] = tokens
-            self.requests_sent += 1
         return self.cache[key]
+
+    def forget(self, system: str, tools: list[dict[str, Any]]) -> None:
+        """Drop the cached answer for one request (an answer refused as a measurement)."""
+        self.cache.pop(request_digest(self.request(system, tools)), None)
+
+    def check_tools_counted(self, system: str, tools: list[dict[str, Any]]) -> int:
+        """The tokens the ``tools`` add to a request with ``system``.
+
+        Raises:
+            CounterError: they add nothing (an endpoint, or a proxy before it, that drops tool
+                definitions): refused as a measurement, and neither answer is kept in the cache.
+        """
+        added = self.count_request(system, tools) - self.count_request(system, [])
+        if tools and added <= 0:
+            self.forget(system, tools)
+            self.forget(system, [])
+            raise CounterError(f"count_tokens answered {added:+} tokens for {len(tools)} tool "
+                               "definitions: the endpoint (or a proxy before it) drops them; "
+                               "not a measurement (not cached)")
+        return added
 
     def prefix_tokens(self, system: str, tools: list[dict[str, Any]]) -> int:
         """Tokens of a prefix: the request with it minus the bare request (probe message only)."""
@@ -170,6 +196,25 @@ class ClaudeCountTokens:
         return {"endpoint": "Messages count_tokens", "model": self.model,
                 "method": "deltas: with minus without each part; cached by request sha256",
                 "requests_sent": self.requests_sent}
+
+
+class CounterError(InputError):
+    """Claude's ``count_tokens`` failed or gave an answer that is not a measurement."""
+
+
+def provider_message(exc: BaseException) -> str:
+    """The provider's own message for a failed request (status and the error's ``message``),
+    or the connection failure, in one line; never the API key (the SDK's errors hold none)."""
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    message = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+    message = message or getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    head = f"count_tokens failed with HTTP {status}" if status else \
+        f"count_tokens failed ({type(exc).__name__})"
+    return f"{head}: {' '.join(str(message).split())}"[:500]
 
 
 def anthropic_client(api_key_env: str = "ANTHROPIC_API_KEY") -> Any:

@@ -12,6 +12,9 @@ A role file (``blueprint/roles/<role>.yaml``) may add, beside ``budget_tokens``:
         request_timeout_s: 10               # each tools/list page; default 10
       wiki:
         snapshot: snapshots/wiki.tools.json # or a saved tools/list result (from the blueprint)
+      issues:                               # both: hosts start the command, the audit (offline,
+        command: ["issues-mcp", "--stdio"]  # no credentials) reads the snapshot
+        snapshot: snapshots/issues.tools.json
     max_tool_tokens: 600                    # no single tool may cost more (marginal tokens)
     max_tools: 20                           # no more tool definitions than this
 
@@ -82,10 +85,11 @@ class McpServerDecl(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> McpServerDecl:
-        if (self.command is None) == (self.snapshot is None):
-            raise ValueError("give exactly one of command (a stdio server) or snapshot "
-                             "(a saved tools/list result)")
-        if self.snapshot is not None and (self.env or self.cwd):
+        if self.command is None and self.snapshot is None:
+            raise ValueError("give a command (a stdio server) or a snapshot (a saved "
+                             "tools/list result), or both (the agent's host starts the "
+                             "command; the audit reads the snapshot)")
+        if self.command is None and (self.env or self.cwd):
             raise ValueError("env and cwd apply to a command, not to a snapshot")
         return self
 
@@ -128,3 +132,123 @@ def check_bridged_servers(role_file: Path, role: Any) -> None:
                       f"the server through the {BRIDGE_SKILL} CLI)"
                       + (f"; so do {', '.join(missing[1:])}" if missing[1:] else ""),
                       hint=f"add {BRIDGE_SKILL} to the role's skills, or set via: mcp")
+
+
+# --- The agent harness (issue 12): which agent CLI a role runs, and the built-in tools it needs.
+
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+"""A built-in tool's name as a role lists it under ``tools:`` (``Bash``, ``Read``)."""
+
+
+class HarnessKind(BaseModel):
+    """What fleetctl knows about one agent harness (an agent CLI).
+
+    Attributes:
+        name: the harness's name in profiles and role files (``claude-code``).
+        executables: basenames of ``agent_command[0]`` that mean this harness.
+        base_url_env: the variable that points the harness at a model endpoint.
+        key_env: the variable holding its API key.
+        quiet_env: variables that stop it from phoning home (telemetry, updates, reports).
+        tools_flag: the option that limits its built-in tools to a comma-separated list.
+        strict_flags: options that keep it from adding MCP servers found outside the command
+            (user or project settings).
+        instructions_kept_chars: how many characters of an MCP server's instructions it
+            passes to the model (the rest is cut), or ``None`` (not measured).
+    """
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    executables: tuple[str, ...]
+    base_url_env: str
+    key_env: str
+    quiet_env: dict[str, str]
+    tools_flag: str
+    strict_flags: tuple[str, ...]
+    instructions_kept_chars: int | None = None
+
+    def tool_flags(self, tools: list[str]) -> list[str]:
+        """The options that give the harness exactly ``tools`` (an empty list: none)."""
+        return [self.tools_flag, ",".join(tools), *self.strict_flags]
+
+
+CLAUDE_CODE = HarnessKind(
+    name="claude-code", executables=("claude",), base_url_env="ANTHROPIC_BASE_URL",
+    key_env="ANTHROPIC_API_KEY",
+    # Claude Code's documented switches (docs.claude.com, Claude Code settings, *Environment
+    # variables*): no telemetry, no error reports, no auto-update, no other nonessential traffic.
+    quiet_env={"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+               "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+    tools_flag="--tools", strict_flags=("--strict-mcp-config",),
+    # Measured by probing Claude Code 2.1.197 with a server whose instructions are 16,000
+    # characters: the model got the first 2,048, then "… [truncated]".
+    instructions_kept_chars=2048)
+
+HARNESSES: dict[str, HarnessKind] = {CLAUDE_CODE.name: CLAUDE_CODE}
+"""Every harness fleetctl can probe and give tool flags to, by name."""
+
+
+def role_harness(role: Any) -> HarnessKind | None:
+    """The harness a role runs: its ``harness:`` key (``claude-code``, or ``NAME@VERSION``),
+    else the one whose executable is the basename of ``agent_command[0]``; ``None`` when the
+    role has no agent command or runs an agent CLI fleetctl does not know."""
+    declared = getattr(role, "harness", None)
+    if declared:
+        return HARNESSES.get(declared.partition("@")[0])
+    command = getattr(role, "agent_command", None)
+    if not command:
+        return None
+    exe = Path(command[0]).name
+    return next((h for h in HARNESSES.values() if exe in h.executables), None)
+
+
+def pinned_version(role: Any) -> str | None:
+    """The harness version a role pins (``harness: claude-code@2.1.197``), or ``None``."""
+    declared = getattr(role, "harness", None) or ""
+    return declared.partition("@")[2] or None
+
+
+def toolset_key(tools: list[str] | None) -> str:
+    """The name of a built-in tool set in profile file names: ``default`` (no ``tools:`` key:
+    the harness's own default set), ``none`` (``tools: []``), else ``tools-`` and the sorted
+    names joined by ``+`` (``tools-Bash+Read``)."""
+    if tools is None:
+        return "default"
+    return "tools-" + "+".join(sorted(dict.fromkeys(tools))) if tools else "none"
+
+
+def harness_command(role: Any) -> list[str] | None:
+    """The agent command as rendered into ``agent.yaml``: the role's ``agent_command`` plus,
+    when the role lists ``tools:``, its harness's flags for exactly those built-in tools (for
+    Claude Code ``--tools Bash,Read --strict-mcp-config``). ``None`` when the role has no
+    command. Roles are checked at load (:func:`check_harness`), so a role with ``tools:`` has a
+    known harness here."""
+    command = getattr(role, "agent_command", None)
+    if command is None:
+        return None
+    tools = getattr(role, "tools", None)
+    harness = role_harness(role)
+    if tools is None or harness is None:
+        return list(command)
+    return [*command, *harness.tool_flags(list(dict.fromkeys(tools)))]
+
+
+def harness_problem(role: Any) -> tuple[str, str] | None:
+    """What is wrong with a role's ``harness``/``tools`` keys, as ``(key, message)``, or
+    ``None``: an unknown ``harness:``; ``tools:`` without an agent command or for an agent CLI
+    fleetctl cannot give tool flags to; an ``agent_command`` that already limits the tools
+    itself while ``tools:`` is set."""
+    declared = getattr(role, "harness", None)
+    if declared and declared.partition("@")[0] not in HARNESSES:
+        return ("harness", f"unknown harness {declared.partition('@')[0]!r} (known: "
+                           f"{', '.join(HARNESSES)})")
+    tools = getattr(role, "tools", None)
+    if tools is None:
+        return None
+    harness = role_harness(role)
+    if harness is None:
+        return ("tools", "needs an agent_command whose harness fleetctl knows (known: "
+                         f"{', '.join(HARNESSES)}; or set harness:)")
+    if harness.tools_flag in (getattr(role, "agent_command", None) or []):
+        return ("agent_command", f"{harness.tools_flag} is already in agent_command: list the "
+                                 "built-in tools under tools: instead (rendering adds the flags)")
+    return None

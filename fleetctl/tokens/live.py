@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from fleetctl.errors import EXIT_ERROR, InputError
+from fleetctl.errors import EXIT_ERROR, FleetctlError, InputError
 from fleetctl.hostcall import HostCall
 from fleetctl.inventory import Host, load_inventory
 from fleetctl.results import HostResult
@@ -101,6 +101,8 @@ class AgentLedger:
     malformed: list[Malformed] = field(default_factory=list)
     lines: int = 0
     partial: int = 0
+    harness_tokens: int | None = None
+    harness_note: str = ""
 
     def add_line(self, line: str) -> None:
         self.lines += 1
@@ -158,7 +160,24 @@ class AgentLedger:
             "usage": {"turns_with_usage": len(usage), "per_turn_mean": per_turn,
                       "totals": totals},
             "calls": summarise_calls(recs, self.declared),
+            "provider": self._provider(recs, prefixes),
         }
+
+    def _provider(self, recs: list[dict[str, Any]], prefixes: list[int]) -> dict[str, Any]:
+        """The provider's prompt tokens per run beside fleetctl's count per model call."""
+        figures = [p for p in (_provider_prompt(r) for r in recs) if p is not None]
+        task = _median([r["task_prompt_tokens"] for r in recs
+                        if isinstance(r.get("task_prompt_tokens"), int)])
+        ours = None
+        if prefixes and self.harness_tokens is not None:
+            ours = round(_median(prefixes) + self.harness_tokens + (task or 0))
+        provider = _median(figures)
+        diff = None if provider is None or ours is None else round(provider - ours)
+        return {"turns": len(figures), "prompt_tokens_median": provider,
+                "fleetctl_tokens_per_call": ours, "harness_tokens": self.harness_tokens,
+                "harness_note": self.harness_note, "difference_tokens": diff,
+                "difference_pct": None if diff is None or not ours
+                else round(100.0 * diff / ours, 1)}
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -172,6 +191,21 @@ class AgentLedger:
         }
         out.update(self.summary())
         return out
+
+
+def _provider_prompt(record: dict[str, Any]) -> int | None:
+    """The provider's prompt tokens of a run: the ledger's ``provider_usage`` (runners since
+    issue 12), else the same sum made from its verbatim ``usage`` (input + cache creation +
+    cache read, as ``fleet_runner.usage``)."""
+    given = record.get("provider_usage")
+    if isinstance(given, dict) and isinstance(given.get("prompt_tokens"), int):
+        return given["prompt_tokens"]
+    usage = record.get("usage")
+    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
+        return None
+    return sum(v for k in ("input_tokens", "cache_creation_input_tokens",
+                           "cache_read_input_tokens")
+               if isinstance(v := usage.get(k), int) and not isinstance(v, bool))
 
 
 def _prefix_total(record: dict[str, Any]) -> int:
@@ -290,8 +324,12 @@ def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
     declared = declared_by_role(blueprint, roles, (a.role for _, a in selected))
     ledgers: list[AgentLedger] = []
     per_host: dict[str, list[AgentLedger]] = {}
+    harness = {name: _harness_part(blueprint, roles[name])
+               for name in dict.fromkeys(a.role for _, a in selected)}
     for host_name, agent in selected:
-        entry = AgentLedger(host_name, agent.name, agent.role, declared[agent.role])
+        entry = AgentLedger(host_name, agent.name, agent.role, declared[agent.role],
+                            harness_tokens=harness[agent.role][0],
+                            harness_note=harness[agent.role][1])
         ledgers.append(entry)
         per_host.setdefault(host_name, []).append(entry)
     hosts = [h for h in inv.hosts if h.name in per_host]
@@ -318,6 +356,31 @@ def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
                 entry.status, entry.error = "host-error", result.error
     return LiveReport(ledgers, results, since_norm)
 
+
+
+def _harness_part(blueprint: Path, role: Any) -> tuple[int | None, str]:
+    """What the harness adds to each model call of ``role`` (its profile's total, plus the
+    provider's tool-use prompt when it has tools), or ``None`` and why not."""
+    from fleetctl.tokens.measure import load_prefix_module
+    from fleetctl.tokens.roleharness import role_harness_part
+
+    try:
+        part = role_harness_part(blueprint, role)
+    except FleetctlError as exc:
+        return None, exc.message
+    if part.name is None:
+        return 0, "no harness (the role has no agent_command)"
+    if part.profile is None:
+        return None, part.missing or "no harness profile"
+    extra = 0
+    if part.profile.tools:
+        try:
+            extra = load_prefix_module(blueprint).tool_use_prompt(role.model).tokens or 0
+        except FleetctlError:
+            extra = 0
+    return part.profile.total_tokens + extra, (
+        f"{part.name} {part.profile.version} {part.toolset}: profile {part.profile.total_tokens:,}"
+        + (f" + tool-use prompt {extra:,}" if extra else ""))
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -358,6 +421,7 @@ def _agent_lines(a: dict[str, Any]) -> list[str]:
                    "per turn: " + ", ".join(f"{k} {_n(v)}" for k, v in u["per_turn_mean"].items()))
     else:
         out.append("  model-reported usage: none (the agent command reported no usage)")
+    out.extend(_provider_lines(a["provider"]))
     out.extend(_calls_lines(a["calls"]))
     m = a["malformed"]
     if m["count"]:
@@ -367,6 +431,22 @@ def _agent_lines(a: dict[str, Any]) -> list[str]:
     if a["partial"]:
         out.append(f"  partial line: {a['partial']} (being written as it was read; skipped)")
     return out
+
+
+def _provider_lines(p: dict[str, Any]) -> list[str]:
+    """The provider's count beside fleetctl's, with the difference."""
+    if not p["turns"]:
+        return []
+    ours = p["fleetctl_tokens_per_call"]
+    line = (f"  provider prompt tokens per run (input + cache creation + cache read, median of "
+            f"{p['turns']}): {_n(p['prompt_tokens_median'])}; fleetctl per model call: ")
+    if ours is None:
+        return [line + f"unknown ({p['harness_note']})"]
+    sign = "+" if p["difference_tokens"] >= 0 else ""
+    return [line + f"{_n(ours)} (runner prefix + harness + task prompt; harness "
+                   f"{p['harness_note']}): difference {sign}{_n(p['difference_tokens'])} "
+                   f"({sign}{p['difference_pct']}%); a run of several model calls re-sends the "
+                   "prefix each time"]
 
 
 DEAD_SHOWN = 12

@@ -26,8 +26,11 @@ bad-snapshot   the snapshot file is missing, not JSON, or not a ``tools/list`` r
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -64,6 +67,12 @@ class ServerListing:
         detail: one line saying what happened (empty when ``ok``).
         stderr_tail: the last lines of the server's stderr (stdio servers).
         elapsed_s: seconds from start to the end of the listing.
+        flags: problems with the tools that do not stop the measurement
+            (:func:`fleetctl.tokens.toolchecks.check_tools`): a name listed twice (counted
+            once), a name some providers reject, names that collide once normalised, an input
+            schema whose root is ``anyOf``/``oneOf``/``allOf``.
+        exit_status: the server's exit status when it exited before the listing ended (a
+            crash), else ``None``.
     """
 
     name: str
@@ -76,6 +85,8 @@ class ServerListing:
     stderr_tail: str = ""
     elapsed_s: float = 0.0
     server_info: dict[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+    exit_status: int | None = None
 
     @property
     def measured(self) -> bool:
@@ -175,7 +186,21 @@ async def _list_stdio(name: str, decl: McpServerDecl, base: Path) -> ServerListi
     argv = expand_command(decl.command or [])
     cwd = (base / decl.cwd) if decl.cwd else base
     source = "stdio: " + " ".join(decl.command or [])
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(decl.env) or None,
+    env = server_env(decl.env)
+    if os.sep not in argv[0]:
+        problem = None if shutil.which(argv[0], path=env.get("PATH")) else \
+            "not found on PATH (or not executable)"
+    else:
+        path = cwd / argv[0]
+        problem = (os.strerror(errno.ENOENT) if not path.exists() else
+                   os.strerror(errno.EACCES) if not os.access(path, os.X_OK) else None)
+    if problem is not None:
+        return ServerListing(name, "start-failed", source,
+                             detail=f"cannot start {argv[0]!r}: {problem}")
+    # Through sh, which reports the server's exit status on stderr when it ends: a crash
+    # then names its status. sh and the server share the session the SDK kills at the end.
+    params = StdioServerParameters(command="/bin/sh",
+                                   args=["-c", _REPORT_EXIT, "mcp-server", *argv], env=env,
                                    cwd=str(cwd))
     bad = anyio.Event()
     garbage: list[str] = []
@@ -272,11 +297,55 @@ async def _list_stdio(name: str, decl: McpServerDecl, base: Path) -> ServerListi
                 first = leaves[0] if leaves else group
                 status, detail = "protocol-error", f"{type(first).__name__}: {first}"
         errlog.seek(0)
-        stderr_tail = tail(errlog.read())
+        stderr_text, exit_status = _exit_status(errlog.read())
+        stderr_tail = tail(stderr_text)
+    if status == "crashed" and exit_status is not None:
+        detail += f"; exit status {exit_status}" + (
+            f" (killed by signal {exit_status - 128})" if exit_status > 128 else "")
+    elif status == "slow-start":
+        detail += (" (a slow server: raise its startup_timeout_s in the role, or pass "
+                   "--startup-timeout SECONDS)")
+    if status != "crashed":
+        exit_status = None
     return ServerListing(name, status, source, tools=tuple(tools) if status == OK else (),
                          instructions=instructions, pages=pages, detail=detail,
                          stderr_tail=stderr_tail, elapsed_s=round(time.monotonic() - started, 3),
-                         server_info=server_info)
+                         server_info=server_info, exit_status=exit_status)
+
+
+_REPORT_EXIT = '"$@"; status=$?; echo "' + "{marker}" + '$status" >&2; exit $status'
+EXIT_MARKER = "[fleetctl: the MCP server exited with status "
+_REPORT_EXIT = _REPORT_EXIT.replace("{marker}", EXIT_MARKER)
+
+
+def _exit_status(stderr: str) -> tuple[str, int | None]:
+    """The server's stderr without the exit-status line the wrapper adds, and that status."""
+    status = None
+    kept = []
+    for line in stderr.splitlines():
+        if line.startswith(EXIT_MARKER):
+            try:
+                status = int(line[len(EXIT_MARKER):].strip().rstrip("]"))
+            except ValueError:
+                pass
+            continue
+        kept.append(line)
+    return "\n".join(kept), status
+
+
+UTF8_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+            "PYTHONUTF8": "1"}
+"""What a server's environment gets unless its declaration sets it: UTF-8 everywhere, so a
+tool description or stderr line outside ASCII never breaks a server started from an ASCII
+locale (cron, systemd)."""
+
+
+def server_env(declared: Mapping[str, str]) -> dict[str, str]:
+    """A stdio server's environment: the SDK's default (``HOME``, ``PATH``, ``USER``...),
+    :data:`UTF8_ENV`, then the role's ``env`` on top."""
+    from mcp.client.stdio import get_default_environment
+
+    return {**get_default_environment(), **UTF8_ENV, **dict(declared)}
 
 
 def list_servers(servers: Mapping[str, McpServerDecl], base: Path) -> dict[str, ServerListing]:
@@ -292,7 +361,8 @@ def list_servers(servers: Mapping[str, McpServerDecl], base: Path) -> dict[str, 
         status other than ``ok`` and no tools.
     """
     out: dict[str, ServerListing] = {}
-    stdio = {n: d for n, d in servers.items() if d.command is not None}
+    # A server with both a command and a snapshot is audited from its snapshot (offline).
+    stdio = {n: d for n, d in servers.items() if d.command is not None and d.snapshot is None}
     for name, decl in servers.items():
         if decl.snapshot is not None:
             out[name] = read_snapshot(name, base / decl.snapshot)
@@ -310,4 +380,6 @@ def list_servers(servers: Mapping[str, McpServerDecl], base: Path) -> dict[str, 
             return results
 
         out.update(anyio.run(run_all))
-    return {name: out[name] for name in servers}
+    from fleetctl.tokens.toolchecks import checked
+
+    return {name: checked(out[name]) for name in servers}

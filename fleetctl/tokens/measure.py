@@ -36,8 +36,10 @@ ORDER = ("role_prompt", "skills_index", "cli_index", "mcp_instructions", "shell_
          "mcp_tools", "tool_use_system_prompt", "joins")
 """Components in report order."""
 
-TOOL_PARTS = ("shell_tool", "mcp_tools", "mcp_instructions", "tool_use_system_prompt")
-"""The components that exist because of tools (what the bridge cuts)."""
+TOOL_PARTS = ("shell_tool", "mcp_tools", "mcp_instructions", "tool_use_system_prompt",
+              "harness_tools")
+"""The components that exist because of tools (what the bridge and stripping cut); the
+harness's built-in tools (``harness_tools``) come from its profile."""
 
 _MODULES: dict[str, ModuleType] = {}
 
@@ -207,6 +209,8 @@ def measure_claude(prefix: Any, api: ClaudeCountTokens, counter: Counter,
     fixed_table, use = _tool_use(prefix)
     system = prefix.system_text()
     everything = prefix.sent_tools()
+    if everything:  # refused, before any other count, when the endpoint drops tool definitions
+        api.check_tools_counted(system, everything)
     total = api.prefix_tokens(system, everything)
     components: dict[str, Component] = {}
     parts = prefix.parts()

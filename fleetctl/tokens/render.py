@@ -15,8 +15,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from fleetctl.tokens.audit import SCHEMA_VERSION, AgentReport, Comparison, TokensReport
+from fleetctl.tokens.audit import (SCHEMA_VERSION, AgentReport, Comparison, DefaultComparison,
+                                   TokensReport)
 from fleetctl.tokens.measure import Measurement
+
+ERROR_KINDS = ("server", "harness", "counter")
+"""Finding kinds that mean "not measured" (printed ERROR), not "over a limit" (OVER)."""
 
 HEAVIEST = 10
 """How many tools the text and Markdown reports list (JSON lists all)."""
@@ -82,7 +86,49 @@ def agent_json(a: AgentReport) -> dict[str, Any]:
                       "limit": f.limit, "actual": f.actual} for f in a.findings],
         "warnings": list(a.warnings),
         "compare": None if a.compare is None else compare_json(a.compare, window),
+        "harness": a.harness, "harness_missing": a.harness_missing,
+        "instructions": list(a.instructions),
+        "compare_default": None if a.compare_default is None
+        else compare_default_json(a.compare_default),
     }
+
+
+def compare_default_json(c: DefaultComparison) -> dict[str, Any]:
+    """``--compare default`` as JSON: per component before/after, the cuts in percent."""
+    before = {r.name: r.tokens for r in c.before.components} if c.before else {}
+    after = {r.name: r.tokens for r in c.after.components}
+    names = list(dict.fromkeys([*before, *after]))
+    return {"before_total_tokens": c.before.total_tokens if c.before else None,
+            "after_total_tokens": c.after.total_tokens,
+            "before_tools": len(c.before.tools) if c.before else None,
+            "after_tools": len(c.after.tools),
+            "tool_tokens_before": c.tool_tokens_before, "tool_tokens_after": c.tool_tokens_after,
+            "tool_cut_pct": None if c.tool_cut_pct is None else round(c.tool_cut_pct, 2),
+            "prefix_cut_pct": None if c.prefix_cut_pct is None else round(c.prefix_cut_pct, 2),
+            "components": [{"name": n, "before": before.get(n), "after": after.get(n)}
+                           for n in names],
+            "reason": c.reason}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def harness_line(a: AgentReport) -> str | None:
+    """One line on the harness's part of the prefix (``None``: the role runs none)."""
+    h = a.harness
+    if h is None:
+        return None
+    if h["profile"] is None:
+        return f"harness {h['name']} (tool set {h['toolset']}): not counted: {a.harness_missing}"
+    line = (f"harness {h['name']} {h['version']}, tool set {h['toolset']} ({h['profile']}): "
+            f"{h['total_tokens']:,} tokens a turn, {_count(len(h['tools']), 'built-in tool')}")
+    if h["toolset"] != "default" and h["default_total_tokens"] is not None:
+        line += (f"; its default set ({h['default_tools']} tools): "
+                 f"{h['default_total_tokens']:,}: stripping saves {h['saving_tokens']:,} a turn")
+    elif h["toolset"] != "default":
+        line += "; its default set is not profiled (no saving shown)"
+    return line
 
 
 def to_json(report: TokensReport) -> str:
@@ -172,12 +218,20 @@ def print_text(console: Console, report: TokensReport) -> None:
             if not s.measured and s.stderr_tail:
                 for err_line in s.stderr_tail.splitlines():
                     console.print(f"    stderr| {err_line}", markup=False, highlight=False)
+        for row in a.instructions:
+            console.print(f"  {_instructions_line(row)}", markup=False, highlight=False)
         for name in a.bridged:
             console.print(f"  {_bridged_line(name)}", markup=False, highlight=False)
+        hl = harness_line(a)
+        if hl:
+            console.print(f"  {hl}", markup=False, highlight=False)
         if a.compare is not None:
             _print_compare(console, a.compare)
+        if a.compare_default is not None:
+            _print_compare_default(console, a.compare_default)
         for f in a.findings:
-            console.print(f"  OVER {f.message}" if f.kind != "server" else f"  ERROR {f.message}",
+            console.print(f"  OVER {f.message}" if f.kind not in ERROR_KINDS
+                          else f"  ERROR {f.message}",
                           markup=False, highlight=False)
         for w in a.warnings:
             console.print(f"  note: {w}", markup=False, highlight=False)
@@ -186,6 +240,13 @@ def print_text(console: Console, report: TokensReport) -> None:
     est = estimate_line(report)
     if est:
         console.print(est, markup=False, highlight=False)
+
+
+def _instructions_line(row: dict[str, Any]) -> str:
+    cut = (f"; cut to {row['harness_keeps_chars']:,} by the harness"
+           if row["cut"] else "")
+    return (f"MCP server {row['server']}: instructions {row['tokens']:,} tokens "
+            f"({row['chars']:,} characters{cut})")
 
 
 def _bridged_line(name: str) -> str:
@@ -207,6 +268,36 @@ def _compare_lines(c: Comparison) -> list[str]:
             f"  tool-definition tokens {c.tool_tokens_declared:,} -> {c.tool_tokens_bridge:,} "
             f"(cut {c.tool_cut_pct:.1f}%); {c.tools_moved} tools still reachable as "
             f"`mcp-bridge SERVER TOOL`"]
+
+
+def _compare_default_lines(c: DefaultComparison) -> list[str]:
+    if c.before is None:
+        return [f"--compare default: not measured: {c.reason}"]
+    return [f"--compare default: before (harness default tools, every MCP server mounted) "
+            f"{c.before.total_tokens:,} tokens, {_count(len(c.before.tools), 'tool')}; after (as "
+            f"declared) {c.after.total_tokens:,}, {_count(len(c.after.tools), 'tool')}: prefix cut "
+            f"{c.prefix_cut_pct:.1f}%",
+            f"  tool-definition tokens {c.tool_tokens_before:,} -> {c.tool_tokens_after:,} "
+            f"(cut {c.tool_cut_pct:.1f}%)"]
+
+
+def _print_compare_default(console: Console, c: DefaultComparison) -> None:
+    if c.before is not None:
+        table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False,
+                      title="before (harness default, MCP servers mounted) and after (as "
+                            "declared)", title_justify="left")
+        for column, justify in (("component", "left"), ("before", "right"),
+                                ("after", "right"), ("cut", "right")):
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for row in compare_default_json(c)["components"]:
+            b, a = row["before"], row["after"]
+            cut = "-" if not b or a is None else f"{100 * (b - a) / b:.1f}%"
+            table.add_row(row["name"], _n(b), _n(a), cut)
+        table.add_row("total", f"{c.before.total_tokens:,}", f"{c.after.total_tokens:,}",
+                      f"{c.prefix_cut_pct:.1f}%")
+        console.print(table)
+    for line in _compare_default_lines(c):
+        console.print("  " + line, markup=False, highlight=False)
 
 
 def _print_compare(console: Console, c: Comparison) -> None:
@@ -245,10 +336,16 @@ def to_markdown(report: TokensReport) -> str:
         for s in a.servers:
             out.append(f"- MCP server `{s.name}`: {s.status}, {len(s.tools)} tools"
                        + (f": {_md(s.detail)}" if s.detail else ""))
+        out += [f"- {_md(_instructions_line(row))}" for row in a.instructions]
         out += [f"- {_md(_bridged_line(name))}" for name in a.bridged]
+        hl = harness_line(a)
+        if hl:
+            out.append(f"- {_md(hl)}")
         if a.compare is not None:
             out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
-        out += [f"- **over**: {_md(f.message)}" if f.kind != "server" else
+        if a.compare_default is not None:
+            out += [f"- {_md(line.strip())}" for line in _compare_default_lines(a.compare_default)]
+        out += [f"- **over**: {_md(f.message)}" if f.kind not in ERROR_KINDS else
                 f"- **error**: {_md(f.message)}" for f in a.findings]
         out += [f"- note: {_md(w)}" for w in a.warnings]
         out.append("")
@@ -256,4 +353,42 @@ def to_markdown(report: TokensReport) -> str:
     est = estimate_line(report)
     if est:
         out += ["", f"_{_md(est)}_"]
+    return "\n".join(out) + "\n"
+
+
+def probe_json(runs: list[Any]) -> str:
+    """``fleetctl tokens --probe`` as one JSON document (counts and digests only)."""
+    doc = {"schema_version": SCHEMA_VERSION, "command": "tokens --probe",
+           "exit_code": 1 if any(r.unexpected or r.missing for r in runs) else 0,
+           "probes": [{"role": r.role, "argv": list(r.result.argv),
+                       "exit_code": r.result.exit_code, "elapsed_s": r.result.elapsed_s,
+                       "written": str(r.path) if r.path else None,
+                       "declared_tools": None if r.declared_tools is None
+                       else list(r.declared_tools),
+                       "unexpected_tools": list(r.unexpected), "missing_tools": list(r.missing),
+                       "profile": r.result.profile.to_json()} for r in runs]}
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def probe_text(runs: list[Any]) -> str:
+    """``fleetctl tokens --probe`` for people: one block per tool set probed."""
+    out = []
+    for r in runs:
+        p = r.result.profile
+        c = {k: v["tokens"] for k, v in p.components.items()}
+        out.append(f"{p.harness} {p.version}, tool set {p.toolset} (role {r.role}; "
+                   f"{' '.join(r.result.argv)}; exit {r.result.exit_code}, "
+                   f"{r.result.elapsed_s:.1f} s)")
+        out.append(f"  system prompt {c['system_prompt']:,}, built-in tools {c['tools']:,} "
+                   f"({len(p.tools)}), reminders {c['reminders']:,}: {p.total_tokens:,} "
+                   f"o200k_base tokens a turn")
+        heavy = sorted(p.tools, key=lambda t: (-t["tokens"], t["name"]))[:HEAVIEST]
+        if heavy:
+            out.append("  heaviest tools: " + ", ".join(f"{t['name']} {t['tokens']:,}"
+                                                        for t in heavy))
+        if r.unexpected:
+            out.append(f"  FINDING: sent built-in tools not declared: {', '.join(r.unexpected)}")
+        if r.missing:
+            out.append(f"  FINDING: declared tools not sent: {', '.join(r.missing)}")
+        out.append(f"  profile: {r.path}" if r.path else "  profile: not written")
     return "\n".join(out) + "\n"

@@ -15,7 +15,7 @@ def open_transport(host) -> Transport:
     The SSH implementation is imported only when needed, so the local demo never loads paramiko.
     """
     if host.transport == "local":
-        return LocalTransport(host.name)
+        return LocalTransport(host.name, getattr(host, "become", None))
     from fleetctl.transport.ssh import SshTransport
 
     return SshTransport(host)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import collections
 import threading
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from fleetctl.errors import HostError
 
 STDERR_TAIL_BYTES = 8192
 
@@ -58,6 +61,11 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connection; safe to call more than once."""
+
+    def explain(self, stderr_tail: str) -> "HostError | None":
+        """Why a started command failed before it could run, if the transport knows (sudo
+        refusing a ``become: sudo`` host); ``None`` otherwise."""
+        return None
 
     def __enter__(self) -> "Transport":
         self.connect()

@@ -8,6 +8,7 @@ import subprocess
 
 from fleetctl.errors import HostError
 from fleetctl.transport.base import Channel, StderrTail, Transport
+from fleetctl.transport.become import become_argv, sudo_refusal
 
 
 class LocalChannel(Channel):
@@ -51,15 +52,33 @@ class LocalChannel(Channel):
 
 
 class LocalTransport(Transport):
-    """Runs the host-side program as a local process; the host's root is a local directory."""
+    """Runs the host-side program as a local process; the host's root is a local directory.
 
-    def __init__(self, label: str) -> None:
+    Args:
+        label: the host's name, for messages.
+        become: ``"sudo"`` runs every command through ``sudo -n --``; ``None`` as is.
+    """
+
+    def __init__(self, label: str, become: str | None = None) -> None:
         self.label = label
+        self.become = become
 
     def connect(self) -> None:
         return None
 
+    def explain(self, stderr_tail: str) -> HostError | None:
+        if self.become != "sudo":
+            return None
+        refused = sudo_refusal(stderr_tail)
+        if refused is None:
+            return None
+        return HostError(f"{self.label}: sudo -n refused to run fleetctl's host-side program "
+                         f"as root ({refused}); nothing was written",
+                         hint="allow this user to run the command without a password "
+                         "(docs/inventory.md, become)")
+
     def start(self, argv: list[str]) -> Channel:
+        argv = become_argv(argv, self.become)
         try:
             return LocalChannel(argv)
         except OSError as exc:

@@ -10,15 +10,24 @@ its input stream one byte per 10 ms as text (SSH-BOXES.md).
 
 from __future__ import annotations
 
+import logging
 import shlex
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from fleetctl.errors import HostError, HostKeyError
 from fleetctl.transport.base import Channel, StderrTail, Transport
+from fleetctl.transport.become import become_argv, sudo_refusal, sudoers_entry
+
+# paramiko logs a failed handshake with a traceback through the ``paramiko`` logger; with no
+# handler anywhere, Python's last-resort handler would print it on stderr. fleetctl reports the
+# failure itself, per host, so those records go nowhere.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SshChannel(Channel):
@@ -60,13 +69,128 @@ class SshChannel(Channel):
         return self._stderr.text()
 
 
-def _strict_client(known_hosts: Path) -> paramiko.SSHClient:
-    """An SSH client that knows only ``known_hosts`` and rejects any other key."""
+@dataclass
+class KnownHosts:
+    """What fleetctl takes from one known_hosts file.
+
+    Attributes:
+        keys: the usable host keys (hashed host names kept as they are).
+        problems: one ``"FILE:LINE: problem; line skipped"`` per line skipped.
+        revoked: ``(key type, base64)`` → ``"FILE:LINE"`` of each key marked ``@revoked``: such
+            a key is never trusted, for any host, even where another line lists it.
+    """
+
+    keys: paramiko.HostKeys
+    problems: list[str] = field(default_factory=list)
+    revoked: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+def load_known_hosts(path: Path) -> KnownHosts:
+    """Read an OpenSSH known_hosts file line by line, as OpenSSH does: a line that cannot be
+    parsed is skipped (and reported) instead of spoiling the whole file.
+
+    ``@revoked`` lines are honoured (their keys are refused); ``@cert-authority`` lines are not
+    supported and are skipped like a malformed line.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The keys, the lines skipped (bad base64, an unknown key type, too few fields, an
+        unsupported marker) and the revoked keys.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    found = KnownHosts(paramiko.HostKeys())
+    with open(path, "rb") as fh:
+        data = fh.read()
+    for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+            line = line.strip()
+        problem = None
+        entry = None
+        if marker not in (None, "@revoked"):
+            problem = f"marker {marker} is not supported by fleetctl"
+        else:
+            try:
+                entry = HostKeyEntry.from_line(line, lineno)
+            except Exception as exc:  # noqa: BLE001 - any line paramiko cannot parse is
+                problem = _key_problem(exc)  # skipped, as OpenSSH does; never the whole file
+            else:
+                if entry is None or entry.key is None:
+                    fields = line.split()
+                    problem = (f"unknown or unsupported key type {fields[1]!r}"
+                               if len(fields) >= 3 else
+                               "not a known_hosts line (want: HOSTS KEYTYPE BASE64-KEY)")
+        if problem is not None:
+            found.problems.append(f"{path}:{lineno}: {problem}; line skipped")
+            continue
+        if marker == "@revoked":
+            found.revoked[(entry.key.get_name(), entry.key.get_base64())] = f"{path}:{lineno}"
+            continue
+        for name in entry.hostnames:
+            found.keys.add(name, entry.key.get_name(), entry.key)
+    return found
+
+
+def _key_problem(exc: BaseException) -> str:
+    if isinstance(exc, InvalidHostKey):
+        return f"malformed key ({exc.exc})"
+    return f"malformed line ({exc.__class__.__name__}: {exc})"
+
+
+class RevokedHostKey(paramiko.SSHException):
+    """The host offered a key that known_hosts marks ``@revoked`` (``where`` is FILE:LINE)."""
+
+    def __init__(self, key: paramiko.PKey, where: str) -> None:
+        super().__init__(f"host key {key.get_name()} {key.fingerprint} is revoked ({where})")
+        self.key, self.where = key, where
+
+
+class _RejectPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse every key known_hosts does not list, naming a revoked one as such."""
+
+    def __init__(self, revoked: dict[tuple[str, str], str]) -> None:
+        self._revoked = revoked
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        where = self._revoked.get((key.get_name(), key.get_base64()))
+        if where is not None:
+            raise RevokedHostKey(key, where)
+        raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
+
+
+def _strict_client(known: KnownHosts) -> paramiko.SSHClient:
+    """An SSH client that knows only ``known``'s keys, none of them revoked, and rejects any
+    other key."""
     client = paramiko.SSHClient()
-    if known_hosts.is_file():
-        client.load_host_keys(str(known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    for name in known.keys.keys():
+        for key_type, key in known.keys[name].items():
+            if (key_type, key.get_base64()) not in known.revoked:
+                client.get_host_keys().add(name, key_type, key)
+    client.set_missing_host_key_policy(_RejectPolicy(known.revoked))
     return client
+
+
+def _unreadable_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (``"does not exist"``...), or ``None``."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        return "does not exist"
+    except IsADirectoryError:
+        return "is a directory, not a key file"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    return None
 
 
 class SshTransport(Transport):
@@ -81,15 +205,45 @@ class SshTransport(Transport):
         self.label = host.name
         self._host = host
         self._conn: Connection | None = None
+        self._argv: list[str] | None = None
+        #: What the connection noticed but worked around (a known_hosts line skipped).
+        self.warnings: list[str] = []
 
     def connect(self) -> None:
         """Open the connection.
 
         Raises:
-            HostKeyError: the host's key is not in known_hosts, or differs from it.
-            HostError: the host cannot be reached or refuses authentication.
+            HostKeyError: the host's key is not in known_hosts, or differs from it; the
+                known_hosts file does not exist or cannot be read.
+            HostError: the identity file is missing or unreadable, the port does not speak
+                SSH, the host cannot be reached or refuses authentication. Each message names
+                the host and the file or setting concerned.
         """
         host = self._host
+        known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
+            Path.home() / ".ssh" / "known_hosts")
+        setting = ("the inventory's known_hosts:" if host.known_hosts else
+                   "the default, as the inventory sets no known_hosts:")
+        try:
+            known = load_known_hosts(known_hosts)
+        except FileNotFoundError:
+            raise HostKeyError(
+                f"{host.name}: known_hosts file {known_hosts} ({setting}) does not exist, so no "
+                "host key can be checked; refusing to connect",
+                hint="create it with the hosts' keys, each checked out of band "
+                "(ssh-keyscan -p PORT HOST), or set known_hosts: for this host") from None
+        except OSError as exc:
+            raise HostKeyError(f"{host.name}: known_hosts file {known_hosts} ({setting}) cannot "
+                               f"be read: {exc.strerror or exc}; refusing to connect") from None
+        skipped = known.problems
+        self.warnings = list(skipped)
+        if host.identity_file:
+            problem = _unreadable_file(Path(host.identity_file))
+            if problem:
+                raise HostError(f"{host.name}: identity_file {host.identity_file} (the "
+                                f"inventory's identity_file:) {problem}",
+                                hint="fix identity_file: for this host or under defaults: (a "
+                                "relative path is taken from the inventory's directory)")
         connect_kwargs: dict = {}
         if host.timeout_s:
             # As floats through paramiko itself: fabric's connect_timeout is int()ed, so a
@@ -107,13 +261,11 @@ class SshTransport(Transport):
         )
         if host.timeout_s:
             conn.connect_timeout = None  # ours is in connect_kwargs; fabric refuses both
-        known_hosts = Path(host.known_hosts).expanduser() if host.known_hosts else (
-            Path.home() / ".ssh" / "known_hosts")
         # Fresh clients, for the host and every ProxyJump hop: fabric's own are set to
         # AutoAddPolicy, which trusts any key.
         hop = conn
         while isinstance(hop, Connection):
-            hop.client = _strict_client(known_hosts)
+            hop.client = _strict_client(known)
             hop = hop.gateway
         where = f"{conn.user}@{conn.host}:{conn.port}"
         try:
@@ -125,24 +277,49 @@ class SshTransport(Transport):
                 hint="if the host was rebuilt, verify the new key out of band and update "
                 "known_hosts",
             ) from None
+        except RevokedHostKey as exc:
+            raise HostKeyError(
+                f"{host.name}: the host key of {where} ({exc.key.get_name()} "
+                f"{exc.key.fingerprint}) is marked @revoked in {exc.where}; refusing to connect",
+                hint="the key was revoked on purpose: check the host out of band") from None
         except paramiko.SSHException as exc:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
+                also = (f" ({len(skipped)} line(s) of it were skipped as malformed: "
+                        f"{'; '.join(skipped[:3])})" if skipped else "")
                 raise HostKeyError(
-                    f"{host.name}: {where} is not in {known_hosts}; refusing to connect to an "
-                    "unknown host",
+                    f"{host.name}: {where} is not in {known_hosts}{also}; refusing to connect "
+                    "to an unknown host",
                     hint="add its key to known_hosts after checking its fingerprint "
-                    "(ssh-keyscan -p PORT HOST, then compare out of band)",
+                    "(ssh-keyscan -p PORT HOST, then compare out of band)"
+                    + ("; fix or remove the malformed line(s)" if skipped else ""),
                 ) from None
+            if "protocol banner" in str(exc):
+                raise HostError(
+                    f"{host.name}: {conn.host}:{conn.port} does not speak SSH (no SSH protocol "
+                    "banner came back); check the address and port: settings of this host",
+                    hint="an SSH server answers with a line starting 'SSH-2.0-'; try "
+                    f"`ssh -p {conn.port} {conn.host}` to see what listens there") from None
             raise HostError(f"{host.name}: SSH to {where} failed: {exc}") from None
         except (OSError, EOFError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
                 str(exc) or exc.__class__.__name__)
+            if isinstance(exc, OSError) and exc.filename:  # a key file from ~/.ssh/config
+                raise HostError(f"{host.name}: cannot read {exc.filename}: {reason}",
+                                hint="check IdentityFile in ~/.ssh/config (and identity_file: "
+                                "in the inventory)") from None
             raise HostError(f"{host.name}: cannot reach {where}: {reason}") from None
         self._conn = conn
 
     def start(self, argv: list[str]) -> Channel:
+        """Start ``argv`` on the host (behind ``sudo -n --`` for ``become: sudo``).
+
+        Raises:
+            HostError: not connected, or the session could not be opened.
+        """
         if self._conn is None:
             raise HostError(f"{self.label}: not connected")
+        self._argv = list(argv)
+        argv = become_argv(argv, getattr(self._host, "become", None))
         try:
             chan = self._conn.client.get_transport().open_session(timeout=self._host.timeout_s)
             # The remote side always runs a command line through the login user's shell;
@@ -151,6 +328,24 @@ class SshTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(f"{self.label}: cannot start a command: {exc}") from None
         return SshChannel(chan, self._host.timeout_s)
+
+    def explain(self, stderr_tail: str) -> HostError | None:
+        """The error for a ``become: sudo`` host whose sudo refused: it names the host, the
+        login, what sudo said and the exact sudoers entry the login needs."""
+        host = self._host
+        if getattr(host, "become", None) != "sudo" or self._argv is None:
+            return None
+        refused = sudo_refusal(stderr_tail)
+        if refused is None:
+            return None
+        login = (self._conn.user if self._conn is not None else host.user) or "LOGIN"
+        where = f"{login}@{host.address}{':' + str(host.port) if host.port else ''}"
+        return HostError(
+            f"{host.name}: become: sudo: `sudo -n` on {where} refused to run fleetctl's "
+            f"host-side program as root ({refused}); nothing was written",
+            hint=f"let {login} run exactly this command as root without a password, e.g. in "
+            f"/etc/sudoers.d/fleetctl on the host (edit with visudo -f): "
+            f"{sudoers_entry(login, self._argv)}")
 
     def close(self) -> None:
         if self._conn is not None:

@@ -23,8 +23,9 @@ def log(event, **fields):
 def start():
     """Read the prompt to end of file and log the start (with the prompt and some env)."""
     prompt = sys.stdin.read()
-    log("start", prompt=prompt, cwd=os.getcwd(),
-        env={k: v for k, v in os.environ.items() if k.startswith("FLEET_") or k == "PATH"})
+    log("start", prompt=prompt, cwd=os.getcwd(), uid=os.getuid(),
+        env={k: v for k, v in os.environ.items() if k.startswith("FLEET_") or k in ("PATH", "CI")},
+        tty=os.isatty(0) or os.isatty(1) or os.isatty(2))
     return prompt
 
 

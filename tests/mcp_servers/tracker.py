@@ -18,6 +18,10 @@ broken variant for the failure tests:
 ``slow-start``       sleeps 30 s before serving
 ``cursor-loop``      every ``tools/list`` page names the same next cursor
 ``error-list``       answers ``tools/list`` with a JSON-RPC error
+``quirks``           two pages with a repeated tool, dotted/slashed/long names, a normalised
+                     name collision and an anyOf-rooted input schema (:func:`_quirks`)
+``fail-page-2``      (with ``--page-size``) answers the first page, errors on the next
+``env``              one tool whose description shows ``$LANG`` and stdout's encoding
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ListToolsResult, PaginatedRequestParams, ToolAnnotations
+from mcp_types import ListToolsResult, PaginatedRequestParams, Tool, ToolAnnotations
 from pydantic import BaseModel, Field
 
 INSTRUCTIONS = (
@@ -444,6 +448,27 @@ def create_issue_template(
     return {"team": team, "name": name, "body": body, "help": help, "version": version}
 
 
+def _quirks(tools: list[Any], cursor: str | None) -> ListToolsResult:
+    """Two pages with every listing problem the audit flags: a tool on both pages, names with
+    a dot and a slash, two names equal once normalised, a name over 64 characters, an input
+    schema whose root is anyOf."""
+    odd = {"type": "object", "properties": {"id": {"type": "string"}}}
+    if not cursor:
+        return ListToolsResult(tools=[*tools[:2], Tool(name="get.issue", input_schema=odd,
+                                                       description="Get an issue (dotted).")],
+                               next_cursor="page2")
+    return ListToolsResult(tools=[
+        tools[1],  # again
+        Tool(name="get_issue", input_schema=odd, description="Get an issue."),
+        Tool(name="teams/list", input_schema={"type": "object"}, description="List teams."),
+        Tool(name="x" * 60, input_schema={"type": "object"}, description="A long name."),
+        Tool(name="find", description="Find by id or by title.",
+             input_schema={"type": "object", "anyOf": [{"type": "object", "properties": {"id": {"type": "string"}},
+                                      "required": ["id"]},
+                                     {"type": "object", "properties": {"title": {
+                                         "type": "string"}}, "required": ["title"]}]})])
+
+
 # --- serving ----------------------------------------------------------------------------------
 
 def _cursor(offset: int) -> str:
@@ -491,8 +516,21 @@ def main(argv: list[str] | None = None) -> None:
 
             raise MCPError(code=-32603, message="tools are unavailable: index is rebuilding")
         tools = await mcp.list_tools()
+        if mode == "quirks":
+            return _quirks(tools, params.cursor if params else None)
+        if mode == "env":
+            import os
+
+            return ListToolsResult(tools=[Tool(
+                name="whoami", input_schema={"type": "object"},
+                description=f"LANG={os.environ.get('LANG')} "
+                            f"stdout={sys.stdout.encoding} née")])
         if mode == "cursor-loop":
             return ListToolsResult(tools=tools[:5], next_cursor="c2FtZQ==")
+        if mode == "fail-page-2" and params and params.cursor:
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(code=-32603, message="page 2: the search index is rebuilding")
         if not args.page_size:
             return ListToolsResult(tools=tools)
         start = _offset(params.cursor if params else None)

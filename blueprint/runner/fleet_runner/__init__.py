@@ -14,15 +14,22 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.mcpconfig`  the role's ``via: mcp`` servers, written per attempt into the
                                   MCP config file ``{mcp_config}`` names in the agent command
 - :mod:`fleet_runner.invoke`     a command in its own process group, with a wall-clock timeout
+- :mod:`fleet_runner.cgroup`     a cgroup per run, where the host offers one
 - :mod:`fleet_runner.snapshot`   sha256 snapshots of the workspace and their difference
-- :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed
-- :mod:`fleet_runner.gates`      the verify gates: run, check (diff-aware), anti-silence, scope
+- :mod:`fleet_runner.checkparse` checker output (``path:line:col: msg`` ...) parsed, and each
+                                  printed path placed in the workspace
+- :mod:`fleet_runner.gates`      the verify gates: run, checks (diff-aware), anti-silence, scope
+- :mod:`fleet_runner.agentresult` the agent CLI's own result and transcript: is_error, denials
+- :mod:`fleet_runner.standing`   standing denials: no new task until a person clears them
 - :mod:`fleet_runner.scope`      the ``writes`` patterns (a gitignore subset) of the scope gate
+- :mod:`fleet_runner.undo`       undoing a run's changes outside its scope, read back
+- :mod:`fleet_runner.scoperequest` asking for more write scope, decided by rules
 - :mod:`fleet_runner.reposync`   the working-repository sync before a task (and undoing one a
                                   crash cut short), the in-progress sentinel, what a task left
                                   uncommitted, and the files its commits changed
 - :mod:`fleet_runner.calls`      shims first on the agent's PATH counting its CLI and MCP calls
 - :mod:`fleet_runner.evidence`   what the CLIs record for the runner: sends and denials
+- :mod:`fleet_runner.sendproof`  with two users, sends recorded through the runner's socket
 - :mod:`fleet_runner.records`    JSON files and the JSONL ledger, written safely
 - :mod:`fleet_runner.progress`   the per-task sentinel that makes restarts safe
 - :mod:`fleet_runner.escalate`   telling a person, through the notify CLI

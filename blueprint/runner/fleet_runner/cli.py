@@ -20,15 +20,34 @@ import signal
 import sys
 from pathlib import Path
 
+from fleet_runner import cgroup, standing
 from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions
-from fleet_runner.paths import agent_paths
+from fleet_runner.paths import AgentPaths, agent_paths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _denials(paths: AgentPaths, permission: str | None) -> int:
+    """``--list-denials`` and ``--clear-denial``: print or clear standing denials (exit 0; 2
+    when the permission named has no standing denial)."""
+    if permission is None:
+        print(json.dumps(standing.standing(paths.standing_denials), indent=2))
+        return EXIT_OK
+    cleared = standing.clear(paths.standing_denials, permission)
+    if not cleared and permission != "all":
+        held = [d.get("permission") for d in standing.standing(paths.standing_denials)]
+        print(f"fleet-runner: no standing denial of {permission!r} for agent {paths.agent} "
+              f"(standing: {', '.join(map(str, held)) or 'none'})", file=sys.stderr)
+        return EXIT_ERROR
+    for name in cleared:
+        print(f"fleet-runner: cleared the standing denial of {name} for agent {paths.agent}",
+              file=sys.stderr)
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-retry-s", type=float, default=60.0,
                    help="seconds before a task whose sync's fetch failed is tried again, "
                         "doubled at each failure up to 900 (default: 60)")
+    p.add_argument("--retry-backoff-s", type=float, default=5.0,
+                   help="seconds before the retry that follows a failed verification, doubled "
+                        "at each further failure up to 120; 0: at once (default: 5)")
+    p.add_argument("--agent-user", metavar="USER",
+                   help="run the agent command and the checks as USER, apart from the runner: "
+                        "sends then count only when recorded through the runner's socket "
+                        "(needs root or CAP_SETUID/CAP_SETGID; default: the runner's user)")
+    p.add_argument("--list-denials", action="store_true",
+                   help="print the agent's standing denials as JSON, and exit")
+    p.add_argument("--clear-denial", metavar="PERMISSION",
+                   help="clear the standing denial of PERMISSION (as listed; 'all': every "
+                        "one) so new tasks start again, and exit")
     p.add_argument("--show-prefix", action="store_true",
                    help="print the prompt prefix and its estimated tokens as JSON, and exit")
     return p
@@ -109,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = agent_paths(args.agent, Path(args.root), release=args.release, config=args.config,
                         state=args.state_dir, workspace=args.workspace, outbox=args.outbox,
                         notify=args.notify_spool)
+    if args.list_denials or args.clear_denial:
+        return _denials(paths, args.clear_denial)
     try:
         if args.show_prefix:
             return _show_prefix(paths)
@@ -130,10 +163,22 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_LOCKED
     become_subreaper()
+    cgroup.set_owner(args.agent)
+    for swept in cgroup.sweep(args.agent):  # run cgroups an earlier runner left behind
+        print(f"fleet-runner[{args.agent}]: removed the run cgroup {swept['cgroup']} of a "
+              f"runner that is gone ({len(swept['killed'])} process(es) killed in it)",
+              file=sys.stderr, flush=True)
     runner = Runner(paths, RunnerOptions(kill_grace_s=args.kill_grace_s,
                                          check_timeout_s=args.check_timeout_s,
                                          poll_s=args.poll_s,
-                                         sync_retry_s=args.sync_retry_s))
+                                         sync_retry_s=args.sync_retry_s,
+                                         retry_backoff_s=args.retry_backoff_s))
+    if args.agent_user:
+        try:
+            runner.split_users(args.agent_user)
+        except (RunnerError, OSError) as exc:
+            print(f"fleet-runner: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.request_stop())
     started_release = os.path.realpath(paths.release)

@@ -51,6 +51,32 @@ class SyncConfig:
     remote: str = "origin"
 
 
+CHECK_FORMATS = ("auto", "gnu", "tsc", "ruff", "mypy", "eslint", "exit")
+"""The output formats a check may declare (:mod:`fleet_runner.checkparse`): ``exit`` reads no
+diagnostics (the exit status alone decides, the output is fed back whole: test runners);
+every other name parses the output and places each diagnostic in a file."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSpec:
+    """One check of the role (``checks`` in ``agent.yaml``; the check gate).
+
+    Attributes:
+        command: a shell command line (``/bin/sh -c``).
+        cwd: where it runs, relative to the workspace (``"."``, ``"web"``); the paths it prints
+            are read relative to it.
+        format: one of :data:`CHECK_FORMATS`.
+    """
+
+    command: str
+    cwd: str = "."
+    format: str = "auto"
+
+    def to_json(self) -> dict[str, str]:
+        """The record form."""
+        return {"command": self.command, "cwd": self.cwd, "format": self.format}
+
+
 @dataclass(frozen=True, slots=True)
 class McpServer:
     """One MCP server of the role (``mcp_servers`` in ``agent.yaml``; docs/tokens.md).
@@ -80,7 +106,11 @@ class AgentConfig:
         role: its role's name.
         prompt: the role's system prompt.
         skills: the skills it may use, in the role's order.
-        check: the check command (a shell command line), or ``None`` for no check gate.
+        check: the legacy single check command (a shell command line), or ``None``.
+        checks: the checks the check gate runs, in order: ``checks`` from the config, or
+            ``check`` as one check in the workspace with format ``auto``; ``()`` for none.
+        check_leftovers: gitignore-style patterns (workspace-relative) of what the role's
+            checks write besides the caches the runner knows (never counted as a change).
         max_retries: retries after a failed verification (0 = one attempt only).
         agent_command: argv of the command that runs the model; ``None`` if not configured.
         timeout_s: wall-clock seconds per run (``DEFAULT_TIMEOUT_S`` when null).
@@ -93,6 +123,8 @@ class AgentConfig:
             missing, as in configs rendered before it existed) exports nothing.
         writes: gitignore-style patterns (workspace-relative) of what a run may change, or
             ``None`` for anywhere (the scope gate is then skipped); ``[]`` allows nothing.
+        scope_requests: gitignore-style patterns of the paths an agent may be granted on
+            request beyond ``writes`` (:mod:`fleet_runner.scoperequest`), or ``None``: none.
         sync: the working repository to sync before a task, or ``None``.
         mcp_servers: the role's MCP servers that can be started, in name order (``()`` when
             the key is missing, as in configs rendered before it existed).
@@ -105,6 +137,8 @@ class AgentConfig:
     prompt: str
     skills: tuple[str, ...] = ()
     check: str | None = None
+    checks: tuple[CheckSpec, ...] = ()
+    check_leftovers: tuple[str, ...] = ()
     max_retries: int = DEFAULT_MAX_RETRIES
     agent_command: tuple[str, ...] | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -114,6 +148,7 @@ class AgentConfig:
     vars: dict[str, Any] = field(default_factory=dict)
     credentials_dir: str | None = None
     writes: tuple[str, ...] | None = None
+    scope_requests: tuple[str, ...] | None = None
     sync: SyncConfig | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     path: Path | None = None
@@ -246,6 +281,44 @@ def _sync(data: dict[str, Any], at: _Where) -> SyncConfig | None:
     return SyncConfig(branch=branch, remote=remote)
 
 
+def _checks(data: dict[str, Any], at: _Where) -> tuple[CheckSpec, ...]:
+    """``checks: [{"command": ..., "cwd": ..., "format": ...}]``, else ``check`` as one check.
+
+    Raises:
+        ConfigError: not that shape; a ``cwd`` that is absolute or leaves the workspace; an
+            unknown format; ``check`` and ``checks`` both set.
+    """
+    legacy = _want(data, "check", (str,), at) or None
+    value = _want(data, "checks", (list,), at)
+    if value is None:
+        return (CheckSpec(legacy),) if legacy else ()
+    where = at("checks")
+    if legacy:
+        raise ConfigError(f"{where}: checks: set together with check ({legacy!r}): give the "
+                          "command as one item of checks instead")
+    out = []
+    for i, item in enumerate(value):
+        spot = f"{where}: checks[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{spot}: expected an object with command, cwd and format")
+        unknown = set(item) - {"command", "cwd", "format"}
+        if unknown:
+            raise ConfigError(f"{spot}: unknown key(s) {', '.join(sorted(unknown))}")
+        command = item.get("command")
+        cwd, fmt = item.get("cwd") or ".", item.get("format") or "auto"
+        if not isinstance(command, str) or not command.strip():
+            raise ConfigError(f"{spot}.command: expected a non-empty shell command line")
+        parts = cwd.split("/") if isinstance(cwd, str) else []
+        if not isinstance(cwd, str) or cwd.startswith("/") or ".." in parts or "\\" in cwd:
+            raise ConfigError(f"{spot}.cwd: expected a directory relative to the workspace, "
+                              f"inside it, got {cwd!r}")
+        if fmt not in CHECK_FORMATS:
+            raise ConfigError(f"{spot}.format: expected one of {', '.join(CHECK_FORMATS)}, "
+                              f"got {fmt!r}")
+        out.append(CheckSpec(command, os.path.normpath(cwd), fmt))
+    return tuple(out)
+
+
 def _mcp_servers(data: dict[str, Any], at: _Where) -> tuple[McpServer, ...]:
     """``mcp_servers: {NAME: {"via": ..., "command": [...], "env": {...}, "cwd": ...}}`` or null.
 
@@ -347,12 +420,31 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
             compile_scope(writes)
         except ScopeError as exc:
             raise ConfigError(f"{at('writes')}: writes: {exc}") from None
+    requestable = _want(data, "scope_requests", (list,), at)
+    if requestable is not None:
+        if not all(isinstance(item, str) for item in requestable):
+            raise ConfigError(f"{at('scope_requests')}: scope_requests: every item must be a "
+                              "string")
+        try:
+            compile_scope(requestable)
+        except ScopeError as exc:
+            raise ConfigError(f"{at('scope_requests')}: scope_requests: {exc}") from None
+    leftovers = _want(data, "check_leftovers", (list,), at) or []
+    if not all(isinstance(item, str) for item in leftovers):
+        raise ConfigError(f"{at('check_leftovers')}: check_leftovers: every item must be a "
+                          "string")
+    try:
+        compile_scope(leftovers)
+    except ScopeError as exc:
+        raise ConfigError(f"{at('check_leftovers')}: check_leftovers: {exc}") from None
     return _check_mcp(AgentConfig(
         agent=_want(data, "agent", (str,), at, required=True),
         role=_want(data, "role", (str,), at) or "",
         prompt=_want(data, "prompt", (str,), at, required=True),
         skills=tuple(skills),
         check=_want(data, "check", (str,), at) or None,
+        checks=_checks(data, at),
+        check_leftovers=tuple(leftovers),
         max_retries=DEFAULT_MAX_RETRIES if retries is None else retries,
         agent_command=tuple(command) if command else None,
         timeout_s=float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S,
@@ -362,6 +454,7 @@ def config_from_data(data: dict[str, Any], where: str = "agent.yaml",
         vars=_want(data, "vars", (dict,), at) or {},
         credentials_dir=credentials_dir,
         writes=tuple(writes) if writes is not None else None,
+        scope_requests=tuple(requestable) if requestable is not None else None,
         sync=_sync(data, at),
         mcp_servers=_mcp_servers(data, at),
         path=path,

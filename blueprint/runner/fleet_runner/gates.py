@@ -6,15 +6,19 @@ words are never a success signal.
 
 ``run``
     the agent command itself: fails when it could not start, timed out, was killed by a signal
-    or exited non-zero (a crashed run is not a finished one). Passing it proves nothing else.
+    or exited non-zero (a crashed run is not a finished one), when the agent CLI's own result
+    says ``is_error`` or when it printed nothing (:mod:`fleet_runner.agentresult`). Passing it
+    proves nothing else.
 ``check``
-    the role's check command (``sh -c``, in the workspace, its own process group and timeout),
-    diff-aware: only errors in files the task changed fail it. Rules, in order:
-    the checker timed out or could not start → fail; exit 0 → pass (diagnostics in changed
-    files are listed as warnings); otherwise an error diagnostic in a changed file → fail; no
-    diagnostic at all, or lines the parser does not understand → fail ("unparseable"); else
-    pass, the diagnostics being *existing debt* in untouched files. Paths are compared after
-    normalisation (:func:`fleet_runner.checkparse.path_keys`). Skipped when no check is set.
+    one result per declared check (``sh -c``, in the check's ``cwd``, its own process group
+    and timeout, plain output forced: :func:`check_env`), diff-aware: only errors placed in
+    files the task changed fail it. Rules, in order: the command cannot run (could not start,
+    exit 126 or 127) → **fault**; timed out or killed → fail; exit 0 → pass; format ``exit``
+    → fail; an error in a changed file → fail (the feedback lists only those, with
+    workspace-relative paths); an error whose path cannot be placed in the workspace
+    (:func:`fleet_runner.checkparse.place`) → fault; no diagnostic, or lines the parser does
+    not understand → fault; else pass, the errors being *existing debt*. A fault
+    (``details["fault"]``) is the host's or the role's: the task stops and is escalated.
 ``anti-silence``
     for a task from a human: the reply CLI must have recorded a send for the task. Skipped for
     a task from an agent.
@@ -26,7 +30,8 @@ words are never a success signal.
     (:func:`fleet_runner.reposync.committed_paths`), must be inside the role's ``writes``
     patterns (:mod:`fleet_runner.scope`; a path in a ``.git`` directory only through a pattern
     naming ``.git``); fails listing those outside, and when the commits cannot be read.
-    Skipped when ``writes`` is unset.
+    Skipped when ``writes`` is unset. The runner then undoes what is outside
+    (:mod:`fleet_runner.undo`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_runner.checkparse import ERROR, Diagnostic, parse_checker_output, path_keys
+from fleet_runner.agentresult import AgentReport
+from fleet_runner.checkparse import (
+    ERROR,
+    Diagnostic,
+    parse_checker_output,
+    place,
+    strip_ansi,
+    workspace_keys,
+)
 from fleet_runner.invoke import Invocation, run_in_group
 from fleet_runner.records import head_text, tail_text
 from fleet_runner.scope import compile_scope
@@ -90,15 +103,28 @@ class GateResult:
                 "duration_s": round(self.duration_s, 3)}
 
 
-def run_gate(inv: Invocation, stderr_tail_bytes: int = 4000) -> GateResult:
-    """The ``run`` gate from the agent command's :class:`Invocation`."""
+def run_gate(inv: Invocation, stderr_tail_bytes: int = 4000,
+             report: AgentReport | None = None) -> GateResult:
+    """The ``run`` gate from the agent command's :class:`Invocation` and, when given, the
+    agent CLI's own report (:mod:`fleet_runner.agentresult`): a result with ``is_error:
+    true``, or nothing printed on stdout, fails it too."""
     ok = inv.start_error is None and inv.stopped is None and inv.signal is None \
         and inv.exit_status == 0
     output = ""
+    details = inv.to_json()
+    summary = "the agent command " + inv.describe()
+    if report is not None:
+        details["agent_report"] = report.to_json()
+        if ok and report.is_error:
+            ok = False
+            summary += (", but its result says is_error: true"
+                        + (f" ({report.subtype})" if report.subtype else ""))
+        elif ok and not report.printed:
+            ok = False
+            summary += ", but printed nothing: a run with no output is not a finished run"
     if not ok and inv.stderr_path is not None:
         output = tail_text(inv.stderr_path, stderr_tail_bytes)
-    summary = "the agent command " + inv.describe()
-    return GateResult("run", PASS if ok else FAIL, summary, output, inv.to_json(), inv.duration_s)
+    return GateResult("run", PASS if ok else FAIL, summary, output, details, inv.duration_s)
 
 
 def _listed(diags: Sequence[Diagnostic]) -> list[str]:
@@ -107,7 +133,8 @@ def _listed(diags: Sequence[Diagnostic]) -> list[str]:
 
 def classify(diagnostics: Sequence[Diagnostic], touched: Sequence[str], workspace: Path,
              cwd: Path) -> tuple[list[Diagnostic], list[Diagnostic]]:
-    """Split diagnostics into those in touched files and those elsewhere.
+    """Split diagnostics into those in touched files and those elsewhere (unplaceable ones
+    included: :func:`place_diagnostics` tells those apart).
 
     Args:
         diagnostics: parsed diagnostics, paths as printed by the checker.
@@ -115,71 +142,199 @@ def classify(diagnostics: Sequence[Diagnostic], touched: Sequence[str], workspac
         workspace: the workspace directory.
         cwd: the checker's working directory (its relative paths are relative to it).
     """
-    touched_keys: set[str] = set()
+    placed = place_diagnostics(diagnostics, touched, workspace, cwd)
+    return placed.inside, placed.outside + placed.unplaced
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Diagnostics placed in the workspace (:func:`place_diagnostics`).
+
+    Attributes:
+        inside: in a file the task touched.
+        outside: in another file of the workspace.
+        unplaced: in no file of the workspace (none there, or outside it).
+        where: each placed diagnostic's workspace-relative path (by position in the input).
+    """
+
+    inside: list[Diagnostic]
+    outside: list[Diagnostic]
+    unplaced: list[Diagnostic]
+    where: dict[int, str]
+
+
+def place_diagnostics(diagnostics: Sequence[Diagnostic], touched: Sequence[str],
+                      workspace: Path, cwd: Path) -> Placed:
+    """Place every diagnostic in the workspace (:func:`fleet_runner.checkparse.place`) and
+    split them by whether the file is one the task touched."""
+    ws = os.fspath(workspace)
+    owner: dict[str, str] = {}
     for rel in touched:
-        touched_keys |= path_keys(rel, os.fspath(workspace))
-    inside, outside = [], []
+        for key in workspace_keys(rel, ws):
+            owner.setdefault(key, rel)
+    inside: list[Diagnostic] = []
+    outside: list[Diagnostic] = []
+    unplaced: list[Diagnostic] = []
+    where: dict[int, str] = {}
     for diag in diagnostics:
-        (inside if path_keys(diag.path, os.fspath(cwd)) & touched_keys else outside).append(diag)
-    return inside, outside
+        forms = place(diag.path, os.fspath(cwd), ws)
+        if forms is None:
+            unplaced.append(diag)
+            continue
+        hit = next((owner[f] for f in sorted(forms) if f in owner), None)
+        where[id(diag)] = hit or min(forms)
+        (inside if hit else outside).append(diag)
+    return Placed(inside, outside, unplaced, where)
 
 
-def check_gate(command: str | None, workspace: Path, touched: Sequence[str], *,
+CHECK_LEFTOVERS = (".mypy_cache/", ".ruff_cache/", ".pytest_cache/", "__pycache__/", "*.pyc",
+                   ".dmypy.json", ".eslintcache", "*.tsbuildinfo", "node_modules/.cache/",
+                   ".hypothesis/")
+"""What the supported checkers write in the workspace (gitignore patterns): never counted as a
+change of the agent's (the role adds its own with ``check_leftovers``)."""
+
+PLAIN_ENV = {"NO_COLOR": "1", "TERM": "dumb", "CLICOLOR": "0", "CI": "1"}
+"""Set for every check: tools that honour them print no colour and no pretty layout."""
+COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "MYPY_FORCE_COLOR",
+                  "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+"""Removed from every check's environment: each makes some tool colour its output anyway."""
+CANNOT_RUN_STATUSES = (126, 127)
+"""Exit statuses of ``sh -c`` when the command is not executable or not found."""
+
+
+def check_env(base: Mapping[str, str], cache_dir: Path | None = None) -> dict[str, str]:
+    """A check's environment: ``base`` with plain output forced (:data:`PLAIN_ENV`, without
+    :data:`COLOUR_FORCING`) and, with ``cache_dir``, the caches of the supported tools
+    (ruff, mypy, Python bytecode, pytest) moved out of the workspace into it."""
+    env = {k: v for k, v in base.items() if k not in COLOUR_FORCING}
+    env.update(PLAIN_ENV)
+    if cache_dir is not None:
+        env.update(RUFF_CACHE_DIR=os.fspath(cache_dir / "ruff"),
+                   MYPY_CACHE_DIR=os.fspath(cache_dir / "mypy"),
+                   PYTHONPYCACHEPREFIX=os.fspath(cache_dir / "pycache"),
+                   PYTEST_ADDOPTS=(env.get("PYTEST_ADDOPTS", "") + " -p no:cacheprovider"
+                                   ).strip())
+    return env
+
+
+def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                timeout_s: float, kill_grace_s: float, output_path: Path,
                env: Mapping[str, str],
-               should_stop: Callable[[], str | None] | None = None) -> GateResult:
-    """Run the check command over the workspace and judge it diff-aware (module docstring).
+               should_stop: Callable[[], str | None] | None = None,
+               user: tuple[int, int] | None = None, cwd_was_there: bool = False) -> GateResult:
+    """Run one check over the workspace and judge it diff-aware (module docstring).
 
     Args:
-        command: the shell command line, or ``None`` (the gate is skipped).
-        workspace: where it runs.
+        spec: the check (:class:`fleet_runner.config.CheckSpec`: ``command``, ``cwd``,
+            ``format``), a bare command line (run in the workspace, format ``auto``), or
+            ``None`` (the gate is skipped).
+        workspace: the workspace; the check runs in ``workspace/spec.cwd``.
         touched: workspace-relative paths the task added or modified.
         timeout_s: wall-clock seconds for the checker.
         kill_grace_s: seconds between SIGTERM and SIGKILL when it times out.
         output_path: file for its merged stdout and stderr.
-        env: its environment.
+        env: its environment (give it :func:`check_env`'s).
         should_stop: polled while it runs; a reason ends it early (the result then fails with
             that reason, and the caller is expected to discard it).
+        user: ``(uid, gid)`` to run it as (it runs the agent's code: the agent's user), or
+            ``None``.
+        cwd_was_there: the check's directory held files at the task's baseline: when it is
+            gone, the task removed it (a failure the agent can undo), not a fault.
+
+    Returns:
+        The gate's result. ``output`` is what the next attempt is told: only the errors in
+        files the task changed, with workspace-relative paths (for format ``exit``, the
+        output's tail). ``details["fault"]`` is true when the check itself, not the agent's
+        work, is at fault (it could not run, or its failing output cannot be read or placed):
+        the task then stops and is escalated, ``output`` holding the raw output for a person.
     """
-    if not command:
+    if not spec:
         return GateResult("check", SKIP, "no check command is configured for this role")
-    inv = run_in_group(["/bin/sh", "-c", command], stdin=b"", cwd=workspace, env=env,
+    if isinstance(spec, str):
+        command, rel_cwd, fmt = spec, ".", "auto"
+    else:
+        command, rel_cwd, fmt = spec.command, spec.cwd, spec.format
+    cwd = Path(os.path.normpath(os.path.join(workspace, rel_cwd)))
+    details: dict[str, Any] = {"command": command, "cwd": rel_cwd, "format": fmt,
+                               "output_file": Path(output_path).name, "fault": False,
+                               "touched_files": len(touched)}
+    where = f"`{command}`" + (f" in {rel_cwd}/" if rel_cwd != "." else "")
+    if not cwd.is_dir():
+        details.update(exit_status=None, outcome="not run")
+        if cwd_was_there:
+            return GateResult("check", FAIL, f"the check {where} cannot run: this task removed "
+                              f"its directory {rel_cwd}",
+                              f"This task removed {rel_cwd}/, where the check `{command}` runs: "
+                              "put it back.", details)
+        return GateResult("check", FAIL, f"the check {where} cannot run: its directory "
+                          f"{rel_cwd} is not in the workspace", "",
+                          {**details, "fault": True})
+    inv = run_in_group(["/bin/sh", "-c", command], stdin=b"", cwd=cwd, env=env,
                        timeout_s=timeout_s, kill_grace_s=kill_grace_s, stdout_path=output_path,
-                       should_stop=should_stop)
+                       should_stop=should_stop, user=user)
     try:
-        text = Path(output_path).read_text("utf-8", "replace")
+        text = strip_ansi(Path(output_path).read_text("utf-8", "replace"))
     except OSError:
         text = ""
-    details: dict[str, Any] = {"command": command, "exit_status": inv.exit_status,
-                               "outcome": inv.describe(), "touched_files": len(touched)}
+    details.update(exit_status=inv.exit_status, outcome=inv.describe())
     raw = head_text(text, OUTPUT_MAX_BYTES)
 
-    def result(status: str, summary: str) -> GateResult:
-        return GateResult("check", status, summary, raw, details, inv.duration_s)
+    def result(status: str, summary: str, output: str = "", fault: bool = False) -> GateResult:
+        details["fault"] = fault
+        return GateResult("check", status, summary, output, details, inv.duration_s)
 
-    if inv.start_error or inv.stopped or inv.signal is not None:
-        return result(FAIL, f"the check command {inv.describe()}")
-    parsed = parse_checker_output(text)
-    inside, outside = classify(parsed.diagnostics, touched, workspace, workspace)
-    new_errors = [d for d in inside if d.severity == ERROR]
-    details.update(
-        new_errors=_listed(new_errors), new_error_count=len(new_errors),
-        warnings=_listed([d for d in inside if d.severity != ERROR]),
-        existing_debt=_listed([d for d in outside if d.severity == ERROR]),
-        existing_debt_count=sum(1 for d in outside if d.severity == ERROR),
-        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed))
+    if inv.start_error or inv.exit_status in CANNOT_RUN_STATUSES:
+        return result(FAIL, f"the check {where} cannot run ({inv.describe()}): a fault of the "
+                      "host or the role, not of the agent's work", raw, fault=True)
+    if inv.stopped or inv.signal is not None:
+        return result(FAIL, f"the check {where} {inv.describe()}", tail_text_of(text))
     if inv.exit_status == 0:
-        return result(PASS, "the check command exited 0"
-                      + (f" ({len(inside)} warnings in changed files)" if inside else ""))
+        return result(PASS, f"the check {where} exited 0")
+    if fmt == "exit":
+        return result(FAIL, f"the check {where} exited {inv.exit_status}", tail_text_of(text))
+    parsed = parse_checker_output(text)
+    placed = place_diagnostics(parsed.diagnostics, touched, workspace, cwd)
+    new_errors = [d for d in placed.inside if d.severity == ERROR]
+    unplaced_errors = [d for d in placed.unplaced if d.severity == ERROR]
+    debt = [d for d in placed.outside if d.severity == ERROR]
+
+    def shown(diag: Diagnostic) -> str:
+        col = f"{diag.col}:" if diag.col is not None else ""
+        return f"{placed.where.get(id(diag), diag.path)}:{diag.line}:{col} {diag.message}"
+
+    details.update(
+        new_errors=[shown(d) for d in new_errors[:LIST_MAX]], new_error_count=len(new_errors),
+        warnings=[shown(d) for d in placed.inside if d.severity != ERROR][:LIST_MAX],
+        existing_debt=[shown(d) for d in debt[:LIST_MAX]], existing_debt_count=len(debt),
+        unplaced=_listed(unplaced_errors), unplaced_count=len(unplaced_errors),
+        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed))
     if new_errors:
+        feedback = (f"The check {where} reports {len(new_errors)} error(s) in files this task "
+                    "changed (paths relative to the workspace):\n"
+                    + "".join(f"  {shown(d)}\n" for d in new_errors))
         return result(FAIL, f"{len(new_errors)} error(s) in files this task changed: "
-                      + "; ".join(_listed(new_errors)[:3]))
+                      + "; ".join(details["new_errors"][:3]),
+                      head_text(feedback, OUTPUT_MAX_BYTES))
+    if unplaced_errors:
+        return result(FAIL, f"the check {where} exited {inv.exit_status} with "
+                      f"{len(unplaced_errors)} error(s) in files the gate cannot place in the "
+                      f"workspace (first: {unplaced_errors[0].path}): a wrong cwd or format "
+                      "for this check, never taken as existing debt", raw, fault=True)
     if not parsed.diagnostics or parsed.unparsed:
-        return result(FAIL, f"the check command exited {inv.exit_status} with output the gate "
+        return result(FAIL, f"the check {where} exited {inv.exit_status} with output the gate "
                       f"cannot parse ({len(parsed.unparsed)} unparsed line(s)): counted as a "
-                      "failure, never a pass")
-    return result(PASS, f"the check command exited {inv.exit_status}, but only on existing debt: "
-                  f"{details['existing_debt_count']} error(s) in files this task did not change")
+                      "failure, never a pass", raw, fault=True)
+    return result(PASS, f"the check {where} exited {inv.exit_status}, but only on existing "
+                  f"debt: {len(debt)} error(s) in files this task did not change")
+
+
+def tail_text_of(text: str, max_bytes: int = OUTPUT_MAX_BYTES) -> str:
+    """The last ``max_bytes`` of ``text`` (whole lines)."""
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    cut = data[-max_bytes:].decode("utf-8", "replace")
+    return cut.split("\n", 1)[-1]
 
 
 def anti_silence_gate(human: bool, task: str, channel: str | None,

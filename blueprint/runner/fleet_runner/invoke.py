@@ -15,8 +15,15 @@ Used for the agent command and for the check command alike:
   (:func:`become_subreaper`, Linux) so orphaned grandchildren are reparented to it and it can
   wait for them, until ``killpg(pgid, 0)`` says the group is gone.
 
-A process that calls ``setsid()`` itself leaves the group and is out of reach here; the systemd
-unit (``KillMode=control-group``) covers that case when the service stops.
+A process that calls ``setsid()`` (or ``setpgid()``) leaves the group, so the group alone does
+not contain a run. Every descendant is also followed by its parentage: while the command runs,
+its process tree (``/proc``) is read at every poll, and once the group is gone every process
+seen in that tree, and every child of this process that started during the run (an orphan
+reparented to the subreaper), is killed (SIGKILL) with all its own descendants and reaped. The
+record lists each one (``escaped_killed``: pid and command line). Where the host offers
+one, each run also gets its own cgroup (:mod:`fleet_runner.cgroup`), which no process can leave:
+what is still in it is killed first. The systemd unit (``KillMode=control-group``) also ends
+anything left when the service stops.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from fleet_runner import cgroup
 
 PR_SET_CHILD_SUBREAPER = 36
 REAP_WAIT_S = 5.0
@@ -54,6 +63,12 @@ class Invocation:
         duration_s: wall-clock seconds from start to the leader's end.
         stdout_path: captured stdout (stdout and stderr when merged).
         stderr_path: captured stderr, or ``None`` when merged.
+        limit_s: the wall-clock limit it ran with.
+        escaped_killed: descendants that had left the group and had to be killed, each
+            ``{"pid", "cmd"}``.
+        containment: ``"cgroup"`` (the run had its own cgroup: :mod:`fleet_runner.cgroup`)
+            or ``"process-tree"`` (the group, the subreaper and ``/proc`` only); ``None``
+            when it never ran.
     """
 
     argv: tuple[str, ...]
@@ -68,6 +83,8 @@ class Invocation:
     stdout_path: Path
     stderr_path: Path | None
     limit_s: float | None = None
+    escaped_killed: tuple[dict, ...] = ()
+    containment: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -95,6 +112,7 @@ class Invocation:
                 "stopped": self.stopped, "timed_out": self.timed_out,
                 "leftovers_killed": self.leftovers_killed, "group_gone": self.group_gone,
                 "start_error": self.start_error, "duration_s": round(self.duration_s, 3),
+                "escaped_killed": list(self.escaped_killed), "containment": self.containment,
                 "outcome": self.describe()}
 
 
@@ -107,14 +125,101 @@ def _signal_name(number: int | None) -> str | None:
         return str(number)
 
 
+_SUBREAPER = False
+
+
 def become_subreaper() -> bool:
     """Make this process a child subreaper (Linux ``prctl``), so orphaned descendants are
     reparented to it and can be reaped. Returns whether it worked."""
+    global _SUBREAPER
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        _SUBREAPER = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        return False
+        _SUBREAPER = False
+    return _SUBREAPER
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Every process: pid → (parent pid, start ticks), from ``/proc`` (empty elsewhere)."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            table[int(name)] = (int(fields[1]), int(fields[19]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def _descendants(roots: set[int], table: dict[int, tuple[int, int]]) -> set[int]:
+    """The pids below ``roots`` in ``table`` (not the roots themselves)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def _end_escaped(seen: dict[int, int], since_ticks: int | None) -> list[dict]:
+    """Kill and reap what is left of a run outside its group: every process in ``seen``
+    (pid → start ticks) still alive as that process, every child of this subreaper started at
+    or after ``since_ticks``, and all their descendants. Returns ``{"pid", "cmd"}`` of each."""
+    table = _process_table()
+    targets = {pid for pid, ticks in seen.items() if table.get(pid, (0, None))[1] == ticks}
+    if _SUBREAPER and since_ticks is not None:
+        me = os.getpid()
+        targets |= {pid for pid, (ppid, ticks) in table.items()
+                    if ppid == me and ticks >= since_ticks}
+    targets |= _descendants(targets, table)
+    killed = []
+    for pid in sorted(targets):
+        killed.append({"pid": pid, "cmd": _cmdline(pid)})
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + REAP_WAIT_S
+    while targets and time.monotonic() < deadline:
+        reap_orphans()
+        now = _process_table()
+        targets = {p for p in targets if p in now and now[p][1] == table[p][1]
+                   and not _zombie(p)}
+        if targets:
+            time.sleep(0.01)
+    reap_orphans()
+    return killed
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2:].split()[0] == b"Z"
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def group_alive(pgid: int) -> bool:
@@ -200,7 +305,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
                  stderr_path: Path | None = None,
                  on_start: Callable[[int], None] | None = None,
                  should_stop: Callable[[], str | None] | None = None,
-                 poll_s: float = 0.05) -> Invocation:
+                 poll_s: float = 0.05, user: tuple[int, int] | None = None) -> Invocation:
     """Run ``argv`` in a new process group and return how it ended.
 
     Args:
@@ -216,6 +321,8 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         should_stop: polled every ``poll_s`` seconds; a non-empty string ends the group early
             and is recorded as the reason.
         poll_s: seconds between polls.
+        user: ``(uid, gid)`` to run the command as (no supplementary groups), or ``None``:
+            this process's user. Switching needs root or ``CAP_SETUID``/``CAP_SETGID``.
 
     A command that cannot start (not found, not executable) is reported in ``start_error``;
     nothing is raised for it.
@@ -227,12 +334,21 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         err = files.enter_context(open(stderr_path, "wb")) if stderr_path else subprocess.STDOUT
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd,
-                                    env=dict(env), start_new_session=True, close_fds=True)
+                                    env=dict(env), start_new_session=True, close_fds=True,
+                                    user=user[0] if user else None,
+                                    group=user[1] if user else None,
+                                    extra_groups=[] if user else None)
         except OSError as exc:
             return Invocation(argv, None, None, None, None, False, True,
                               f"{exc.strerror or exc} ({argv[0]})", 0.0, Path(stdout_path),
                               Path(stderr_path) if stderr_path else None)
     pgid = proc.pid
+    run_cgroup = cgroup.create()  # where the host offers one: nothing can leave it
+    if run_cgroup is not None and not run_cgroup.add(pgid):
+        run_cgroup.remove()
+        run_cgroup = None
+    since_ticks = process_start_ticks(pgid)
+    seen: dict[int, int] = {}  # every descendant seen while it ran: pid -> start ticks
     if on_start is not None:
         on_start(pgid)
     feeder = threading.Thread(target=_feed, args=(proc, stdin), daemon=True)
@@ -246,6 +362,7 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
             break
         except subprocess.TimeoutExpired:
             pass
+        _note_tree(pgid, seen)
         if time.monotonic() >= deadline:
             stopped = "timeout"
         elif should_stop is not None:
@@ -262,6 +379,13 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
     duration = time.monotonic() - started
     leftovers = not stopped and group_alive(pgid)
     gone = reap_group(pgid)
+    # The group is gone: what is left escaped it. The cgroup holds all of it; the process tree
+    # seen and the subreaper's children catch what started before the move into it.
+    escaped = run_cgroup.kill() if run_cgroup is not None else []
+    if run_cgroup is not None:
+        run_cgroup.remove()
+    known = {e["pid"] for e in escaped}
+    escaped += [e for e in _end_escaped(seen, since_ticks) if e["pid"] not in known]
     feeder.join(timeout=1.0)
     status = proc.returncode
     return Invocation(
@@ -270,7 +394,51 @@ def run_in_group(argv: Sequence[str], *, stdin: bytes, cwd: Path, env: Mapping[s
         signal=-status if status is not None and status < 0 else None,
         stopped=stopped, leftovers_killed=leftovers, group_gone=gone, start_error=None,
         duration_s=duration, stdout_path=Path(stdout_path),
-        stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s)
+        stderr_path=Path(stderr_path) if stderr_path else None, limit_s=timeout_s,
+        escaped_killed=tuple(escaped),
+        containment="cgroup" if run_cgroup is not None else "process-tree")
+
+
+def _children(pid: int) -> list[int] | None:
+    """The children of ``pid`` from ``/proc/PID/task/*/children`` (``[]`` when it is gone), or
+    ``None`` when the kernel does not offer those files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended
+            return None
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _note_tree(root: int, seen: dict[int, int]) -> None:
+    """Add every process now below ``root`` to ``seen`` (pid → start ticks): through the
+    children files (cheap: only the tree is read), else the whole process table."""
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        children = _children(todo.pop())
+        if children is None:
+            table = _process_table()
+            for pid in _descendants({root}, table):
+                seen.setdefault(pid, table[pid][1])
+            return
+        found += children
+        todo += children
+    for pid in found:
+        if pid not in seen:
+            ticks = process_start_ticks(pid)
+            if ticks is not None:
+                seen[pid] = ticks
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:

@@ -17,6 +17,8 @@ to its model several times inside it; if it reports that, it is in ``usage``). E
                                                  "bytes/4-estimate" and false
       "usage": {...} | null,                     as reported by the agent command, verbatim
       "usage_source": "agent-command" | null,
+      "provider_usage": {"prompt_tokens": ..., ...} | null,   the provider's input tokens
+                                                 summed (fleet_runner.usage)
       "duration_s": 12.3 | null,                 null for a turn cut short by a runner crash
       "outcome": "exited with status 0",
       "interrupted": false,                      true: written on restart for a cut-short turn
@@ -44,6 +46,7 @@ from typing import Any
 
 from fleet_runner.records import SCHEMA_VERSION, now_iso
 from fleet_runner.tokens import TOKEN_COUNTER
+from fleet_runner.usage import provider_usage
 
 USAGE_SCAN_BYTES = 65_536
 """How much of the end of stdout is read to find the usage line, in bytes."""
@@ -91,6 +94,8 @@ def ledger_record(*, agent: str, host: str | None, model: str | None, task: str,
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
         "outcome": outcome, "interrupted": interrupted,
     }
+    # The provider's own count beside the runner's (fleet_runner.usage; issue 12).
+    line["provider_usage"] = provider_usage(usage)
     if calls is not None:
         line["calls"] = dict(calls)
     if tool_calls is not None:

@@ -1,6 +1,7 @@
 """The outer loop: take one message, attempt the task, verify, retry or finish, never silently.
 
-For each message, oldest first, one at a time:
+For each message, oldest first, one at a time (none while a standing denial waits for a
+person: :mod:`fleet_runner.standing`):
 
 1. read it, claim it (``inbox/ → processing/``) and parse it; a message that cannot be read or
    claimed now (an ``OSError``) stays in the inbox, is logged (at most every
@@ -18,10 +19,14 @@ For each message, oldest first, one at a time:
    ``via: bridge`` MCP server) and the task prompt, write the attempt's MCP config file for the
    ``via: mcp`` servers when ``agent_command`` asks for it (:mod:`fleet_runner.mcpconfig`), run
    the agent command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
-   snapshot, write the ledger line, then either stop at once on a permission denial or run
-   every gate and write the run record; a pass finishes the task;
+   snapshot, write the ledger line, read the agent CLI's own result
+   (:mod:`fleet_runner.agentresult`), then either stop at once on a permission denial (from a
+   CLI, the result or the transcript; it becomes a standing denial) or run every gate (what
+   is outside the write scope is undone: :mod:`fleet_runner.undo`) and write the run record;
+   a pass finishes the task, a fault of a check (it cannot run, or its output cannot be read
+   or placed) stops it at once, a failure waits the bounded back-off and retries;
 4. when the last attempt failed: escalate through notify (task, failed verifications and
-   interrupted attempts counted apart, last failure), clear the task
+   interrupted attempts counted apart, last failure, every attempt's reason), clear the task
    (``processing/ → failed/``), and go on with the next message.
 
 Between tasks (after one is decided, and when the inbox is empty) the caller may ask for a
@@ -33,15 +38,18 @@ message left in ``processing/`` finishes it first.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import calls, evidence, gates, reposync
+from fleet_runner import calls, evidence, gates, reposync, scoperequest, sendproof, standing
+from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
 from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read_message_file
@@ -60,13 +68,15 @@ from fleet_runner.records import (
     tail_text,
     write_json_atomic,
 )
-from fleet_runner.snapshot import diff_snapshots, take_snapshot
+from fleet_runner.scope import compile_scope
+from fleet_runner.undo import store_baseline, undo_changes
+from fleet_runner.snapshot import Changes, diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokens/prefix_counts.py writes it at render
 
-PASSED, FAILED, DENIED, STOPPED = "pass", "fail", "denied", "stopped"
+PASSED, FAILED, DENIED, STOPPED, FAULT = "pass", "fail", "denied", "stopped", "fault"
 GAVE_UP, REFUSED = "gave-up", "refused"
 CHANGES_LISTED_MAX = 200
 """At most this many paths per kind of change in a run record."""
@@ -84,6 +94,48 @@ _INTERRUPTION_TEXT = {RUNNER_STOPPED: "interrupted by a runner stop",
                       RUNNER_DIED: "interrupted: the runner died during this attempt"}
 
 
+AGENT_DIR, SHIMS_DIR, EVIDENCE_SOCKET = "agent", "shims", "evidence.sock"
+"""With two users (``--agent-user``): the agent user's directory in the state, the runner's
+directory of shims it may read, and the runner's evidence socket (sendproof.py)."""
+BASELINE_STORE = "baseline-store"
+"""Under ``runs/<task>/``: copies of the files outside the write scope at the baseline
+(:mod:`fleet_runner.undo`)."""
+RETRY_BACKOFF_MAX_S = 120.0
+"""The longest wait before a retry after a failed verification, in seconds."""
+CLEAR_COMMAND = ("fleet-runner --agent {agent} --root {root} --clear-denial PERMISSION")
+"""How a person clears a standing denial (:mod:`fleet_runner.standing`)."""
+
+
+def without_leftovers(changes: Changes, declared: Sequence[str] = ()) -> tuple[Changes,
+                                                                                list[str]]:
+    """``changes`` without what the checks write (:data:`fleet_runner.gates.CHECK_LEFTOVERS`
+    and the role's ``check_leftovers``), and the paths taken out, sorted."""
+    leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+    kept = [tuple(p for p in paths if not leftovers.allows(p))
+            for paths in (changes.added, changes.modified, changes.removed)]
+    dropped = sorted(p for paths in (changes.added, changes.modified, changes.removed)
+                     for p in paths if leftovers.allows(p))
+    return Changes(*kept), dropped
+
+
+def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
+    """One line per attempt: its number, verdict and why (every failed gate's summary, the
+    denials, or how it was interrupted)."""
+    lines = []
+    for entry in attempts:
+        verdict = entry.get("verdict") or entry.get("state")
+        if verdict == INTERRUPTED:
+            why = _interruption_text(entry)
+        elif entry.get("denials"):
+            why = "denied: " + "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
+                                         for d in entry["denials"])
+        else:
+            why = "; ".join(f"{g['name']}: {g['summary']}"
+                            for g in entry.get("failed_gates", [])) or "all gates passed"
+        lines.append(f"  {entry.get('attempt')}: {verdict}: {why}")
+    return "\n".join(lines)
+
+
 class RunnerError(Exception):
     """The runner cannot work for this agent (bad config, broken release); exit 2."""
 
@@ -99,12 +151,16 @@ class RunnerOptions:
         sync_retry_s: seconds before a task whose sync's fetch failed is tried again (default
             60), doubled at each failure up to :data:`SYNC_RETRY_MAX_S`. Kept in memory only:
             a restarted runner tries at once.
+        retry_backoff_s: seconds to wait before the retry that follows a failed verification
+            (default 5), doubled at each further failure of the task up to
+            :data:`RETRY_BACKOFF_MAX_S`; 0 retries at once.
     """
 
     kill_grace_s: float = 5.0
     check_timeout_s: float = 300.0
     poll_s: float = 1.0
     sync_retry_s: float = 60.0
+    retry_backoff_s: float = 5.0
 
 
 def _log(agent: str, text: str) -> None:
@@ -124,6 +180,27 @@ def _escalation_text(escalation: dict[str, Any]) -> str:
     if via is None:
         return f"escalation NOT delivered ({error})"
     return f"escalated via {via}" + (f" (notify CLI: {error})" if error else "")
+
+
+@dataclass(frozen=True)
+class AgentUser:
+    """The agent's own Linux user, when it is not the runner's (``--agent-user``).
+
+    Attributes:
+        name: the user name.
+        uid: its uid.
+        gid: its primary gid.
+        home: its home directory (``HOME`` of the agent command and the checks).
+        python: the interpreter its send shims run with (one it can execute).
+        server: the runner's evidence socket (:class:`fleet_runner.sendproof.EvidenceServer`).
+    """
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    python: str
+    server: sendproof.EvidenceServer
 
 
 @dataclass
@@ -156,10 +233,63 @@ class Runner:
         self._log = log
         self._unreadable: dict[str, tuple[str, float]] = {}  # name -> (error, last logged)
         self._deferred: dict[str, float] = {}  # inbox name -> monotonic time to try again
+        self._held = ""  # the standing denials last logged as holding new tasks
+        self.users: AgentUser | None = None
 
     def log(self, text: str) -> None:
         """One line on stderr (the journal)."""
         self._log(self.paths.agent, text)
+
+    def split_users(self, name: str) -> None:
+        """Run the agent command and the checks as the Linux user ``name``, apart from the
+        runner (sendproof.py, docs/runner.md "The two users"): ``STATE`` becomes 0711 (the
+        agent's user may reach only what it is given), ``STATE/agent/`` and the outbox and
+        notify spools are its own, the shims directory is the runner's (readable), the
+        evidence socket listens, and git in the workspace runs as that user.
+
+        Raises:
+            RunnerError: no such user, this process may not switch to it, the workspace is not
+                the user's, or no Python interpreter the user may run is found.
+        """
+        import pwd
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise RunnerError(f"--agent-user {name}: no such user") from None
+        if os.geteuid() != 0 and os.geteuid() != entry.pw_uid:
+            # Without root the switch needs CAP_SETUID/CAP_SETGID; Popen says so at the first
+            # attempt otherwise, which would be too late.
+            status = Path("/proc/self/status").read_text()
+            caps = int(next((ln.split()[1] for ln in status.splitlines()
+                             if ln.startswith("CapEff:")), "0"), 16)
+            if not (caps >> 6 & 1 and caps >> 7 & 1):
+                raise RunnerError(f"--agent-user {name}: this runner (uid {os.geteuid()}) may "
+                                  "not start processes as another user (needs root or "
+                                  "CAP_SETUID and CAP_SETGID)")
+        try:
+            owner = os.stat(self.paths.workspace).st_uid
+        except OSError as exc:
+            raise RunnerError(f"{self.paths.workspace}: {exc}") from None
+        if owner != entry.pw_uid:
+            raise RunnerError(f"{self.paths.workspace}: the workspace must belong to the agent "
+                              f"user {name} (it belongs to uid {owner})")
+        python = sendproof.interpreter_for(entry.pw_uid, entry.pw_gid, (
+            sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"))
+        if python is None:
+            raise RunnerError(f"--agent-user {name}: no Python interpreter that user may run "
+                              "(for its send shims)")
+        os.chmod(self.paths.state, 0o711)
+        for path in (self.paths.state / AGENT_DIR, self.paths.outbox, self.paths.notify):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.makedirs(self.paths.state / SHIMS_DIR, mode=0o711, exist_ok=True)
+        os.chmod(self.paths.state / SHIMS_DIR, 0o711)
+        server = sendproof.EvidenceServer(
+            self.paths.state / EVIDENCE_SOCKET,
+            {"reply": self.paths.sends_log, "notify": self.paths.state / "notifies.jsonl"},
+            uid=entry.pw_uid, python=python, log=self.log)
+        self.users = AgentUser(name, entry.pw_uid, entry.pw_gid, entry.pw_dir, python, server)
+        reposync.run_as(entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
     def request_stop(self) -> None:
         """Stop soon: the running attempt's group is ended and the task stays in processing/."""
@@ -184,6 +314,11 @@ class Runner:
         A message that cannot be read or moved into ``processing/`` (an ``OSError``) is left in
         the inbox for the next scan, and the next message is taken.
         """
+        held = standing.standing(self.paths.standing_denials)
+        if held:
+            self._note_held(held)
+            return False
+        self._held = ""
         pending = self.spool.pending()
         names = {p.name for p in pending}
         for name in [n for n in self._unreadable if n not in names]:
@@ -215,6 +350,21 @@ class Runner:
                 self.process(claimed)
                 return True
         return False
+
+    def _clear_command(self) -> str:
+        """How a person clears a standing denial (``PERMISSION`` to be filled in, quoted)."""
+        return CLEAR_COMMAND.format(agent=shlex.quote(self.paths.agent),
+                                    root=shlex.quote(os.fspath(self.paths.root)))
+
+    def _note_held(self, held: list[dict[str, Any]]) -> None:
+        """Log once per set of standing denials that new tasks wait for a person."""
+        names = ", ".join(str(d.get("permission")) for d in held)
+        if names == self._held:
+            return
+        self._held = names
+        clear = self._clear_command()
+        self.log(f"standing denial(s) {names}: no new task starts until a person clears each "
+                 f"(messages wait in the inbox): {clear}")
 
     def _note_unreadable(self, path: Path, exc: OSError, doing: str = "read this message") -> None:
         """Log an inbox message that cannot be read or claimed now (``doing`` says which) once,
@@ -329,8 +479,11 @@ class Runner:
             verdict = self._attempt(task, progress.next_attempt, max_attempts)
             if verdict == STOPPED:
                 return STOPPED
-            if verdict in (PASSED, DENIED):
-                return self._decide(task, PASSED if verdict == PASSED else DENIED)
+            if verdict in (PASSED, DENIED, FAULT):
+                return self._decide(task, verdict)
+            if verdict == FAILED and progress.next_attempt <= max_attempts:
+                self._back_off(task, failures=sum(1 for a in progress.attempts
+                                                  if a.get("verdict") == FAILED))
         return self._decide(task, GAVE_UP)
 
     def _open_task(self, message: Message, path: Path, progress: TaskProgress,
@@ -368,6 +521,10 @@ class Runner:
         else:
             git_start = self._git_start()
             baseline = take_snapshot(self.paths.workspace)
+            if config.writes is not None:
+                # Copies of what the run may not change, to undo a change it makes anyway.
+                store_baseline(self.paths.workspace, baseline, compile_scope(config.writes),
+                               task_dir / BASELINE_STORE)
             write_json_atomic(baseline_path, {"files": baseline, "git": git_start})
         if not progress.attempts:
             progress.save()
@@ -511,12 +668,12 @@ class Runner:
             "gates": [], "failed_gates": [], "denials": [],
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
-            "stale_group_killed": killed,
+            "stale_group_killed": killed, "check_leftovers": [], "scope_request": None,
             "note": f"{why}; it counts against max_retries"})
-        calls.remove_shims(task.dir / f"attempt-{n}.shims")
+        calls.remove_shims(self._shim_dir(task, n))
         if write_ledger:  # the turn's line was never written: the runner died before it
             # The calls log survives the runner: the calls made before the crash still count.
-            called, tool_calls = calls.count_calls(task.dir / f"attempt-{n}.calls")
+            called, tool_calls = calls.count_calls(self._calls_log(task, n))
             append_jsonl(self.paths.ledger, ledger_record(
                 agent=self.paths.agent, host=task.config.host, model=task.config.model,
                 task=task.message.id, attempt=n, run=entry["run"],
@@ -530,9 +687,62 @@ class Runner:
         self.log(f"task {task.message.id} attempt {n}: {why} "
                  f"(left-over process group killed: {killed})")
 
+    # -- where the agent's files are (one user, or two: sendproof.py) ------------------------
+
+    @property
+    def _as_user(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` the agent command and the checks run as, or ``None`` (ours)."""
+        return (self.users.uid, self.users.gid) if self.users is not None else None
+
+    @property
+    def _agent_dir(self) -> Path:
+        """What the agent's user may write in the state: ``STATE`` with one user, else
+        ``STATE/agent`` (its own)."""
+        return self.paths.state / AGENT_DIR if self.users is not None else self.paths.state
+
+    @property
+    def _denials_log(self) -> Path:
+        """Where the CLIs record a refusal (they run as the agent's user)."""
+        return self._agent_dir / "denials.jsonl" if self.users is not None \
+            else self.paths.denials_log
+
+    @property
+    def _claimed_sends_log(self) -> Path:
+        """``FLEET_SENDS_LOG``: with two users, only the reply CLI's claim (not evidence);
+        the runner's own ``sends.jsonl`` is written through its socket."""
+        return self._agent_dir / "sends-claimed.jsonl" if self.users is not None \
+            else self.paths.sends_log
+
+    @property
+    def _check_cache(self) -> Path:
+        return self._agent_dir / "check-cache" if self.users is not None \
+            else self.paths.check_cache
+
+    def _agent_files(self, task: _Task) -> Path:
+        """The task's files the agent writes or reads (calls log, MCP config, scope request):
+        ``runs/<task>/`` with one user, ``STATE/agent/<task>/`` (the agent's) with two."""
+        if self.users is None:
+            return task.dir
+        path = self._agent_dir / task.message.id
+        if not path.is_dir():
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chown(path, self.users.uid, self.users.gid)
+        return path
+
+    def _shim_dir(self, task: _Task, n: int) -> Path:
+        """The attempt's shims: readable, never writable, by the agent's user."""
+        if self.users is None:
+            return task.dir / f"attempt-{n}.shims"
+        return self.paths.state / SHIMS_DIR / f"{task.message.id}.{n}"
+
+    def _calls_log(self, task: _Task, n: int) -> Path:
+        return self._agent_files(task) / f"attempt-{n}.calls"
+
     def _agent_env(self, task: _Task, attempt: int, run: str,
                    shim_dir: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        # Non-interactive: agent CLIs and the tools they run must never wait for a person.
+        env["CI"] = "1"
         bins = [os.fspath(task.release / "skills" / s / "bin") for s in task.config.skills]
         # The call-counting shims first (calls.py), so the agent's PATH lookups reach them.
         shims = [os.fspath(shim_dir)] if shim_dir is not None else []
@@ -542,8 +752,13 @@ class Runner:
             FLEET_ATTEMPT=str(attempt), FLEET_WORKSPACE=os.fspath(self.paths.workspace),
             FLEET_RELEASE=os.fspath(task.release), FLEET_OUTBOX=os.fspath(self.paths.outbox),
             FLEET_NOTIFY_SPOOL=os.fspath(self.paths.notify),
-            FLEET_SENDS_LOG=os.fspath(self.paths.sends_log),
-            FLEET_DENIALS_LOG=os.fspath(self.paths.denials_log))
+            FLEET_SENDS_LOG=os.fspath(self._claimed_sends_log),
+            FLEET_DENIALS_LOG=os.fspath(self._denials_log))
+        if task.config.writes is not None:
+            env["FLEET_SCOPE_REQUEST"] = os.fspath(self._agent_files(task)
+                                                   / scoperequest.REQUEST_FILE)
+        if self.users is not None:
+            env.update(HOME=self.users.home, USER=self.users.name, LOGNAME=self.users.name)
         if task.message.channel:
             env["FLEET_CHANNEL"] = task.message.channel
         if task.config.model:
@@ -560,8 +775,10 @@ class Runner:
         try:
             if config.uses_mcp_config:
                 # The via-mcp servers, for the agent CLI (mcpconfig.py); env values stay in it.
-                mcp_config = write_mcp_config(task.dir / f"attempt-{n}.mcp.json",
+                mcp_config = write_mcp_config(self._agent_files(task) / f"attempt-{n}.mcp.json",
                                               config.direct_servers, self.paths.workspace)
+                if self.users is not None:  # the agent CLI reads it as the agent's user
+                    os.chown(mcp_config, self.users.uid, self.users.gid)
             argv = config.argv(mcp_config=mcp_config)
             prefix = build_prefix(config.prompt, config.skills, task.release / "skills",
                                   bridged_servers=config.bridged_servers)
@@ -585,7 +802,9 @@ class Runner:
             interrupted=bool(previous and previous.get("state") == INTERRUPTED),
             failed_gates=failed_gates, failed_attempt=previous["attempt"] if previous else None,
             prior_commits=prior_commits, since=(start_commit or "")[:12],
-            branch=config.sync.branch if config.sync else None)
+            branch=config.sync.branch if config.sync else None,
+            writes=config.writes, granted=scoperequest.grants(task.dir)["granted"],
+            scope_file=os.fspath(self._agent_files(task) / scoperequest.REQUEST_FILE))
         full_prompt = prefix.text + "\n\n" + task_prompt
         (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
         prefix_tokens, counter, exact = counted_prefix(
@@ -605,23 +824,40 @@ class Runner:
         def on_start(pid: int) -> None:
             entry.update(pid=pid, proc_start=process_start_ticks(pid))
             progress.save()
+            if self.users is not None:
+                self.users.server.expect(task=message.id, run=run, leader=pid, scripts=scripts)
 
-        watch = evidence.DenialWatch(self.paths.denials_log, run)
+        watch = evidence.DenialWatch(self._denials_log, run)
 
         def should_stop() -> str | None:
             return self.stop_reason or watch()
 
-        shim_dir = task.dir / f"attempt-{n}.shims"
-        calls_log = task.dir / f"attempt-{n}.calls"
-        calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
+        shim_dir = self._shim_dir(task, n)
+        calls_log = self._calls_log(task, n)
+        shimmed = calls.write_shims(shim_dir, calls_log, config.skills, task.release / "skills")
+        agent_env = self._agent_env(task, n, run, shim_dir)
+        scripts: list[str] = []
+        if self.users is not None:
+            # Sends count only when the runner records them (sendproof.py): the sending CLIs
+            # get a send shim, readable by the agent's user, writable only by the runner.
+            os.chmod(shim_dir, 0o755)
+            for path in shim_dir.iterdir():
+                os.chmod(path, 0o755)
+            os.chown(calls_log, self.users.uid, self.users.gid)
+            scripts = sendproof.write_send_shims(
+                shim_dir, shimmed, python=self.users.python,
+                socket_path=self.paths.state / EVIDENCE_SOCKET, env=agent_env,
+                calls_log=calls_log)
         started = time.monotonic()
         inv = run_in_group(
             argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
-            env=self._agent_env(task, n, run, shim_dir), timeout_s=config.timeout_s,
+            env=agent_env, timeout_s=config.timeout_s,
             kill_grace_s=self.options.kill_grace_s,
             stdout_path=task.dir / f"attempt-{n}.stdout",
             stderr_path=task.dir / f"attempt-{n}.stderr", on_start=on_start,
-            should_stop=should_stop)
+            should_stop=should_stop, user=self._as_user)
+        if self.users is not None:
+            self.users.server.clear()
         reap_orphans()
         calls.remove_shims(shim_dir)  # the group is gone: no call can come in any more
         called, tool_calls = calls.count_calls(calls_log)
@@ -637,8 +873,22 @@ class Runner:
             self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
 
-        changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
-        denials = evidence.denials_for_run(self.paths.denials_log, run)
+        all_changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
+        changes, leftovers = without_leftovers(all_changes, config.check_leftovers)
+        report = read_agent_report(inv.stdout_path, agent_env)
+        # The scope this attempt is judged by: the role's, plus what earlier attempts were
+        # granted on request; this attempt's own request counts from the next one.
+        writes = self._writes(task)
+        committed, commit_error = self._committed(task)
+        scope_request = None
+        if config.writes is not None:
+            scope_request = scoperequest.decide(
+                task.dir, n, [*all_changes.added, *all_changes.modified, *all_changes.removed,
+                              *(committed or ())], config.scope_requests,
+                request=self._agent_files(task) / scoperequest.REQUEST_FILE)
+        # Every place a refusal shows: the CLIs' own record, the agent CLI's structured result
+        # and its transcript, and the agent command's exit status 77.
+        denials = evidence.denials_for_run(self._denials_log, run) + report.denials
         denied = bool(denials) or inv.exit_status == evidence.DENIED_EXIT_STATUS
         if denied and not denials:
             denials = [{"cli": "(agent command)", "what": "the agent command exited with "
@@ -646,27 +896,39 @@ class Runner:
         gates_started = time.monotonic()
         if denied:
             # Stop at once: no verification, no retry.
-            results = [gates.run_gate(inv)]
+            results = [gates.run_gate(inv, report=report)]
             verdict = DENIED
         else:
-            results = [
-                gates.run_gate(inv),
-                gates.check_gate(config.check, self.paths.workspace, changes.touched,
-                                 timeout_s=self.options.check_timeout_s,
-                                 kill_grace_s=self.options.kill_grace_s,
-                                 output_path=task.dir / f"attempt-{n}.check.out",
-                                 env={**os.environ, "FLEET_WORKSPACE":
-                                      os.fspath(self.paths.workspace)},
-                                 should_stop=lambda: self.stop_reason),
+            results = [gates.run_gate(inv, report=report)]
+            check_env = gates.check_env({**os.environ, "FLEET_WORKSPACE":
+                                         os.fspath(self.paths.workspace)},
+                                        cache_dir=self._check_cache)
+            if self.users is not None:
+                check_env.update(HOME=self.users.home, USER=self.users.name,
+                                 LOGNAME=self.users.name)
+            for i, spec in enumerate(config.checks or (None,)):
+                results.append(gates.check_gate(
+                    spec, self.paths.workspace, changes.touched,
+                    timeout_s=self.options.check_timeout_s,
+                    kill_grace_s=self.options.kill_grace_s,
+                    output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
+                                            else f"attempt-{n}.check-{i + 1}.out"),
+                    env=check_env, should_stop=lambda: self.stop_reason,
+                    user=self._as_user, cwd_was_there=spec is not None and any(
+                        p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline)))
+            results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
-                self._scope_gate(task, changes),
+                self._scope_gate(task, changes, writes, committed, commit_error),
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
                 self._mark_interrupted(task, write_ledger=False, inv=inv)
                 return STOPPED
-            verdict = FAILED if any(r.failed for r in results) else PASSED
+            if any(r.details.get("fault") for r in results):
+                verdict = FAULT  # the check itself cannot judge: no retry can help
+            else:
+                verdict = FAILED if any(r.failed for r in results) else PASSED
         finished = time.monotonic()
         failed = [r for r in results if r.failed]
         write_json_atomic(task.dir / f"attempt-{n}.json", {
@@ -681,33 +943,87 @@ class Runner:
             "invocation": inv.to_json(),
             "changes": {k: v[:CHANGES_LISTED_MAX] for k, v in changes.to_json().items()},
             "change_counts": {k: len(v) for k, v in changes.to_json().items()},
+            "check_leftovers": leftovers[:CHANGES_LISTED_MAX],
+            "scope_request": scope_request,
             "gates": [r.to_json() for r in results], "failed_gates": [r.name for r in failed],
             "denials": denials,
             "files": {"prompt": f"attempt-{n}.prompt.txt", "stdout": f"attempt-{n}.stdout",
                       "stderr": f"attempt-{n}.stderr"},
             "stale_group_killed": False, "note": None})
         entry.update(state=FINISHED, verdict=verdict, ended=now_iso(),
-                     failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output}
-                                   for r in failed],
+                     failed_gates=[{"name": r.name, "summary": r.summary, "output": r.output,
+                                    "fault": bool(r.details.get("fault"))} for r in failed],
                      denials=denials)
         progress.save()
         self.log(f"task {message.id} attempt {n}/{max_attempts}: {verdict}"
                  + "".join(f"; {r.name}: {r.summary}" for r in failed))
         return verdict
 
-    def _scope_gate(self, task: _Task, changes: Any) -> gates.GateResult:
+    def _back_off(self, task: _Task, failures: int) -> None:
+        """Wait before the retry that follows failed verification number ``failures``:
+        ``retry_backoff_s`` doubled per earlier failure, at most :data:`RETRY_BACKOFF_MAX_S`;
+        a stop request ends the wait."""
+        base = self.options.retry_backoff_s
+        if base <= 0 or failures < 1:
+            return
+        delay = min(base * 2 ** (failures - 1), RETRY_BACKOFF_MAX_S)
+        self.log(f"task {task.message.id}: retrying in {delay:g} s (failed verification "
+                 f"{failures})")
+        deadline = time.monotonic() + delay
+        while not self.stop_reason and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+
+    def _writes(self, task: _Task) -> list[str] | None:
+        """The role's ``writes`` and a literal pattern per path granted on request so far."""
+        if task.config.writes is None:
+            return None
+        granted = scoperequest.grants(task.dir)["granted"]
+        return [*task.config.writes, *map(scoperequest.literal_pattern, granted)]
+
+    def _committed(self, task: _Task) -> tuple[list[str] | None, str | None]:
+        """The paths the commits made since the baseline changed (``None`` outside a git
+        repository or without ``writes``), and why they could not be read, or ``None``."""
+        start = task.git_start or {}
+        if task.config.writes is None or not start.get("repo"):
+            return None, None
+        try:
+            return list(reposync.committed_paths(self.paths.workspace, start.get("head"),
+                                                 start.get("branch"))), None
+        except reposync.GitError as exc:
+            return None, str(exc)
+
+    def _scope_gate(self, task: _Task, changes: Any, writes: list[str] | None,
+                    committed: list[str] | None, error: str | None) -> gates.GateResult:
         """The scope gate over the workspace's changes and, in a git repository, the files
-        the commits made since the baseline changed."""
-        writes, start = task.config.writes, task.git_start or {}
-        committed, error = None, None
-        if writes is not None and start.get("repo"):
-            try:
-                committed = reposync.committed_paths(self.paths.workspace, start.get("head"),
-                                                     start.get("branch"))
-            except reposync.GitError as exc:
-                error = str(exc)
-        return gates.scope_gate(writes, changes, committed=committed, commit_error=error,
-                                start_commit=start.get("head"))
+        the commits made since the baseline changed; what it finds outside is undone."""
+        start = task.git_start or {}
+        result = gates.scope_gate(writes, changes, committed=committed, commit_error=error,
+                                  start_commit=start.get("head"))
+        if writes is None or not result.failed:
+            return result
+        scope = compile_scope(writes)
+        stray = [p for p in (*changes.added, *changes.modified, *changes.removed)
+                 if not scope.allows(p)]
+        if not stray:
+            return result
+        undone = undo_changes(self.paths.workspace, stray, task.baseline,
+                              task.dir / BASELINE_STORE, owner=self._as_user)
+        details = {**result.details, "undone": undone.undone[:gates.LIST_MAX],
+                   "undone_count": len(undone.undone), "undo_failed": undone.failed}
+        text = result.output.replace(
+            "Put each of these back as it was before the task (delete what you added, restore "
+            "what you changed or removed) and write only inside the scope.",
+            "The runner has put each of these back as it was before the task (what you added "
+            "is deleted, what you changed or removed is restored, modes included): do not "
+            "change them again, write only inside the scope.")
+        summary = result.summary + f"; {len(undone.undone)} undone"
+        if undone.failed:
+            # The workspace is not as the baseline says outside the scope: no retry should
+            # build on it.
+            details["fault"] = True
+            summary += (f", {len(undone.failed)} could not be undone: "
+                        + "; ".join(undone.failed[:3]))
+        return dataclasses.replace(result, summary=summary, output=text, details=details)
 
     # -- the end of a task ----------------------------------------------------------------
 
@@ -721,7 +1037,20 @@ class Runner:
         final: dict[str, Any] = {"outcome": outcome, "decided": now_iso(),
                                  "attempts": len(attempts), "failed_verifications": failures,
                                  "interrupted_attempts": interrupted, "escalated": False}
-        if outcome == GAVE_UP:
+        history = _attempt_history(attempts)
+        if outcome == FAULT:
+            faults = [g for g in last.get("failed_gates", []) if g.get("fault")] or \
+                last.get("failed_gates", [])
+            final["kind"] = "check-fault"
+            final["reason"] = (
+                f"Task {task.message.id} ({task.config.agent}) stopped on attempt "
+                f"{last.get('attempt')}: the check cannot judge the work, a fault of the host "
+                f"or the role, not of the agent: "
+                + "; ".join(f"{g['name']}: {g['summary']}" for g in faults)
+                + ". Not retried (no model run can fix it).\nAttempts:\n" + history)
+            final["detail"] = "\n\n".join(f"[{g['name']}]\n{g.get('output', '')}"
+                                           for g in faults)
+        elif outcome == GAVE_UP:
             if last.get("verdict") == INTERRUPTED:
                 last_failure = _interruption_text(last)
                 detail = ""
@@ -736,16 +1065,29 @@ class Runner:
                 f"Task {task.message.id} ({task.config.agent}) gave up after {counts} in "
                 f"{len(attempts)} attempt(s) (max_retries="
                 f"{task.config.max_retries}). Last failure (attempt {last.get('attempt')}): "
-                f"{last_failure}")
+                f"{last_failure}\nAttempts:\n{history}")
             final["detail"] = detail
         elif outcome == DENIED:
             blocked = "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
                                 + (f" ({d['detail']})" if d.get("detail") else "")
                                 for d in last.get("denials", []))
+            clear = self._clear_command()
+            held = standing.record(self.paths.standing_denials, last.get("denials", []),
+                                   task=task.message.id, run=str(last.get("run")), clear=clear)
             final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
-                               f"denied on attempt {last.get('attempt')}: {blocked}. Not retried.")
+                               f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
+                               f"Standing denial(s) {', '.join(held)}: no new task of this "
+                               f"agent starts until a person clears each: "
+                               + "; ".join(clear.replace("PERMISSION", shlex.quote(p)) for p in held)
+                               + f"\nAttempts:\n{history}")
+            final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)
             final["blocked"] = last.get("denials", [])
+        denied_requests = scoperequest.grants(task.dir)["denied"]
+        if denied_requests and outcome != PASSED:
+            final["reason"] = final.get("reason", "") + "\nScope requests denied:\n" + "\n".join(
+                f"  attempt {d.get('attempt')}: {d.get('path')}: {d.get('why')}"
+                for d in denied_requests)
         task.progress.final = final
         task.progress.save()
         return self._complete(task)

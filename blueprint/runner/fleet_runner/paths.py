@@ -104,6 +104,16 @@ class AgentPaths:
         return self.state / "denials.jsonl"
 
     @property
+    def standing_denials(self) -> Path:
+        """One file per permission refused and not yet cleared (standing.py)."""
+        return self.state / "standing-denials"
+
+    @property
+    def check_cache(self) -> Path:
+        """Where the checks' tools keep their caches, out of the workspace (gates.check_env)."""
+        return self.state / "check-cache"
+
+    @property
     def in_progress(self) -> Path:
         """The in-progress sentinel of a task in a synced repository (reposync.py)."""
         return self.state / "in-progress.json"

@@ -33,7 +33,8 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
                       failed_gates: Sequence[GateResult] = (),
                       failed_attempt: int | None = None,
                       prior_commits: Sequence[str] = (), branch: str | None = None,
-                      since: str | None = None) -> str:
+                      since: str | None = None, writes: Sequence[str] | None = None,
+                      granted: Sequence[str] = (), scope_file: str | None = None) -> str:
     """Build the task prompt of one attempt.
 
     Args:
@@ -48,6 +49,10 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
             left on the branch, oldest first (:func:`fleet_runner.reposync.commits_since`).
         branch: the synced branch they are on.
         since: the short id of the commit the task started from.
+        writes: the role's write scope (gitignore patterns), or ``None`` (not limited: no
+            scope section).
+        granted: paths granted on request so far (:mod:`fleet_runner.scoperequest`).
+        scope_file: where a scope request is written (``$FLEET_SCOPE_REQUEST``).
     """
     sender = f"{message.sender_kind} {message.sender_name}"
     where = f" in channel {message.channel}" if message.channel else ""
@@ -60,6 +65,16 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
     elif message.human:
         parts.append(f"You have already sent {replied} reply(ies) for this task with the reply "
                      "CLI; send another only if the person needs to know something new.")
+    if writes is not None:
+        allowed = ", ".join(writes) if writes else "(nothing)"
+        parts.append(
+            f"Write scope: you may change only {allowed} (gitignore patterns, relative to the "
+            "workspace)" + (f", and the paths granted on request: {', '.join(granted)}"
+            if granted else "") + ". The runner undoes any other change. To ask for more, "
+            f"before writing, put JSON in {scope_file or '$FLEET_SCOPE_REQUEST'}: "
+            '{"paths": ["a/b.txt"], "why": "..."} (literal paths, no wildcards) and finish; '
+            "a path this task already changed is never granted, and a grant counts from the "
+            "next attempt.")
     if interrupted:
         parts.append("NOTE: the previous attempt of this task was interrupted (the runner "
                      "restarted). The workspace may hold its partial work: look at it and finish "

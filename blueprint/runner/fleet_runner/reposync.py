@@ -135,8 +135,22 @@ class SyncResult:
                 "detail": self.detail, "recovered": self.recovered}
 
 
+_RUN_AS: dict[str, Any] = {}
+"""``subprocess`` arguments that run git as the agent's user (:func:`run_as`), or none."""
+_HOME: dict[str, str] = {}
+
+
+def run_as(uid: int, gid: int, home: str) -> None:
+    """Run every git command of this module as user ``uid`` (group ``gid``, ``HOME``
+    ``home``): the workspace belongs to the agent's user, and its objects and index must stay
+    its own (two users: docs/runner.md)."""
+    _RUN_AS.update(user=uid, group=gid, extra_groups=[])
+    _HOME.update(HOME=home)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env.update(_HOME)
     env.update(GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_SEQUENCE_EDITOR="true",
                GIT_MERGE_AUTOEDIT="no", LC_ALL="C")
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
@@ -155,14 +169,15 @@ def git(workspace: Path, *args: str, check: bool = True,
             "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args]
     try:
         done = subprocess.run(argv, cwd=workspace, env=_env(), capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL)
+                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL,
+                              **_RUN_AS)
     except FileNotFoundError:
         raise GitError("git is not installed") from None
     except subprocess.TimeoutExpired:
         raise GitError(f"git {' '.join(args)}: no answer within {timeout_s:g} s") from None
     if check and done.returncode != 0:
         raise GitError(f"git {' '.join(args)} exited {done.returncode}: "
-                       f"{(done.stderr or done.stdout).strip()}")
+                       f"{(done.stderr or done.stdout).strip() or '(git printed nothing)'}")
     return done
 
 
@@ -270,6 +285,76 @@ def _operation_in_progress(workspace: Path) -> str | None:
         if (git_dir / name).exists():
             return what
     return None
+
+
+def lock_holders(path: Path) -> list[str]:
+    """``"pid N (command line)"`` of each process with ``path`` open (``/proc/*/fd``)."""
+    target = os.path.realpath(path)
+    found = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                    found.append(f"pid {pid} ({cmd.strip()[:120]})")
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def clear_stale_index_lock(workspace: Path) -> str | None:
+    """Remove ``.git/index.lock`` when no process holds it open (a git killed mid-write left
+    it); return what was done, or ``None`` when there was none.
+
+    Raises:
+        GitError: a process holds it (named: pid and command line); nothing touched.
+    """
+    git_dir = Path(_out(workspace, "rev-parse", "--absolute-git-dir"))
+    lock = git_dir / "index.lock"
+    if not os.path.lexists(lock):
+        return None
+    holders = lock_holders(lock)
+    if holders:
+        raise GitError(f"{lock} is held by {', '.join(holders)}: a git command is under way "
+                       "in the workspace; not synced, nothing touched")
+    os.unlink(lock)
+    return f"removed a stale {lock} (no process held it)"
+
+
+def _untracked_collisions(workspace: Path, stash_id: str) -> dict[str, list[str]]:
+    """The untracked files of the runner's stash that are now in the work tree (the sync
+    brought them in), by whether their content is ``identical`` or ``different``. Identical
+    ones are removed from the work tree so that the stash applies back (it writes the same
+    bytes); different ones are left for the caller to fail clean on."""
+    out: dict[str, list[str]] = {"identical": [], "different": []}
+    for rel in _untracked_of(workspace, stash_id):
+        path = os.path.join(workspace, rel)
+        if not os.path.lexists(path):
+            continue
+        stashed = subprocess.run(
+            ["git", "cat-file", "blob", f"{stash_id}^3:{rel}"], cwd=workspace, env=_env(),
+            capture_output=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False,
+            **_RUN_AS)
+        try:
+            same = stashed.returncode == 0 and not os.path.islink(path) and \
+                Path(path).read_bytes() == stashed.stdout
+        except OSError:
+            same = False
+        out["identical" if same else "different"].append(rel)
+    if not out["different"]:
+        for rel in out["identical"]:
+            os.unlink(os.path.join(workspace, rel))
+    return out
 
 
 def stash_own(workspace: Path, message: str) -> str | None:
@@ -467,6 +552,16 @@ def _recover(workspace: Path, sync: SyncConfig, prior: dict[str, Any],
     if operation:
         raise GitError(f"{operation} the runner did not start is in progress: nothing touched")
     now = head(workspace)
+    if stash_id and not stashed and prior.get("stash_dirty") is not None:
+        # Told apart by the work itself: applied back (the tree holds exactly what was
+        # stashed) or lost (it does not).
+        if dirty_state(workspace) == prior["stash_dirty"]:
+            return SyncResult(SYNCED, "synced before a runner restart (the sync had finished "
+                              "when the runner stopped)", before=before, after=now,
+                              recovered="nothing to undo: the sync had finished")
+        raise GitError(f"the runner's stash {stash_id[:12]} (\"{message}\"), made by the sync "
+                       "a crash cut short, is gone and its work is not in the tree: it is not "
+                       "taken as 'nothing had changed'; nothing touched")
     if stash_id and not stashed and now != before:
         # Applied back and dropped: the sync had reached its end.
         return SyncResult(SYNCED, "synced before a runner restart (the sync had finished "
@@ -514,15 +609,20 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                           "a git work tree: not synced")
     upstream_ref = f"refs/remotes/{sync.remote}/{sync.branch}"
     before = head(workspace)
-    branch = git(workspace, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
-    if branch != sync.branch:
-        return SyncResult(REFUSED, f"the workspace is on {branch or 'a detached HEAD'}, not on "
-                          f"{sync.branch}; not synced (a person's choice is not undone)",
-                          before=before)
+    # The real state first: during a rebase HEAD is detached, but the rebase is the news.
     operation = _operation_in_progress(workspace)
     if operation:
-        return SyncResult(REFUSED, f"{operation} is in progress in the workspace: not synced, "
-                          "nothing touched", before=before)
+        return SyncResult(REFUSED, f"{operation} is in progress in the workspace (HEAD at "
+                          f"{before[:12]}): not synced, nothing touched", before=before)
+    branch = git(workspace, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
+    if branch != sync.branch:
+        where = f"branch {branch}" if branch else "a detached HEAD"
+        return SyncResult(REFUSED, f"the workspace is on {where} at {before[:12]}, not on "
+                          f"{sync.branch}; not synced (a person's choice is not undone)",
+                          before=before)
+    lock_note = clear_stale_index_lock(workspace)
+    if lock_note is not None:
+        made["lock"] = lock_note
     dirty = dirty_state(workspace)
     stash = None
     message = None
@@ -532,7 +632,8 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
         if not ours:
             listed = [f"{v[:2]} {p}" for p, v in sorted(dirty.items())]
             return SyncResult(
-                REFUSED, f"the workspace has {len(dirty)} uncommitted change(s) the runner did "
+                REFUSED, f"the workspace (HEAD at {before[:12]} on {sync.branch}) has "
+                f"{len(dirty)} uncommitted change(s) the runner did "
                 "not make (" + ", ".join(p for p in sorted(dirty)[:5])
                 + (" ..." if len(dirty) > 5 else "") + "); nothing was touched, so no commit "
                 "lands on top of a person's work",
@@ -543,6 +644,7 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                      check=False).stdout.strip() or None
     marks = {"task": task, "before": before, "remote": sync.remote, "branch": sync.branch,
              "stash_ref_before": ref_before, "stash_message": message, "stash_id": None,
+             "stash_dirty": dirty if message else None,
              "recoveries": made.get("recoveries", 0)}
     _write_sync_sentinel(sentinel, **marks)  # before anything changes
     if message:
@@ -578,6 +680,13 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
             return _conflict(workspace, task, before, upstream, stash, action, ahead,
                              _no_hints(done), sync)
     if stash:
+        collided = _untracked_collisions(workspace, stash["id"])
+        if collided["different"]:
+            return _conflict(workspace, task, before, upstream, stash, action, ahead,
+                             "untracked file(s) of the runner's work that the sync brought in "
+                             "with other content: " + ", ".join(collided["different"]), sync,
+                             what="an untracked file of the runner's work differs from the "
+                             "one the sync brought in")
         applied = git(workspace, "stash", "apply", "--index", "--quiet", stash["id"], check=False)
         if applied.returncode != 0:
             return _conflict(workspace, task, before, upstream, stash, action, ahead,
@@ -594,6 +703,11 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                          f"({upstream[:12]})"}[action]
     if stash:
         summary += "; the previous task's uncommitted work was stashed and applied back"
+        if collided["identical"]:
+            summary += (" (identical to what the sync brought in: "
+                        + ", ".join(collided["identical"]) + ")")
+    if made.get("lock"):
+        summary += f"; {made['lock']}"
     return SyncResult(SYNCED, summary, before=before, after=after, action=action,
                       upstream=upstream, stash=stash)
 

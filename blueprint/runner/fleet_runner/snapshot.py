@@ -1,8 +1,9 @@
 """Snapshots of the workspace: which files a task changed, from content, not from git.
 
 A snapshot maps each path under the workspace (relative, ``/``-separated) to a fingerprint:
-``sha256:<hex>`` for a regular file, ``link:<target>`` for a symlink (never followed), and
-``other:<type>`` for anything else. Directories are not entries. A file that cannot be read
+``sha256:<hex>;mode=<octal>`` for a regular file (its permission bits, setuid, setgid and
+sticky included: a ``chmod`` is a change), ``link:<target>`` for a symlink (never followed),
+and ``other:<type>`` for anything else. Directories are not entries. A file that cannot be read
 gets ``unreadable:<errno>``.
 
 **Git directories.** Every ``.git`` below the top of the workspace (``vendor/.git/config``, a
@@ -69,7 +70,22 @@ def fingerprint(path: str) -> str:
                 digest.update(chunk)
     except OSError as exc:
         return f"unreadable:{exc.errno}"
-    return "sha256:" + digest.hexdigest()
+    return f"sha256:{digest.hexdigest()}{MODE_SEP}{stat.S_IMODE(st.st_mode):04o}"
+
+
+MODE_SEP = ";mode="
+"""Between a regular file's content digest and its mode in a fingerprint."""
+
+
+def same(before: str, after: str) -> bool:
+    """Whether two fingerprints describe the same state (a fingerprint written by an older
+    runner, without a mode, is compared by content only)."""
+    if before == after:
+        return True
+    if before.startswith("sha256:") and after.startswith("sha256:") and \
+            (MODE_SEP not in before or MODE_SEP not in after):
+        return before.split(MODE_SEP)[0] == after.split(MODE_SEP)[0]
+    return False
 
 
 def _git_bookkeeping_file(name: str) -> bool:
@@ -134,5 +150,6 @@ def diff_snapshots(before: dict[str, str], after: dict[str, str]) -> Changes:
     """What changed from ``before`` to ``after``."""
     return Changes(
         added=tuple(sorted(p for p in after if p not in before)),
-        modified=tuple(sorted(p for p in after if p in before and before[p] != after[p])),
+        modified=tuple(sorted(p for p in after if p in before
+                              and not same(before[p], after[p]))),
         removed=tuple(sorted(p for p in before if p not in after)))

@@ -1,0 +1,106 @@
+"""Standing denials: a refused permission blocks the agent's next tasks until a person clears it.
+
+When a task is stopped by a permission denial (:mod:`fleet_runner.evidence`,
+:mod:`fleet_runner.agentresult`), each refused permission becomes a **standing denial**: one
+JSON file in ``STATE/standing-denials/`` named for the permission (``cli:vault``,
+``tool:Bash``), holding ``{"permission", "task", "run", "what", "time", "clear"}``. While any
+is there, the runner starts no new task: the runner cannot tell before a task runs which
+permissions it will need, and a refused permission is not granted by trying again (a new
+token, a grant, a policy change is a person's job). Messages wait in ``inbox/``; a task already
+in ``processing/`` is finished. A person clears a denial once the permission is granted (or
+the refusal understood) with ``fleet-runner --agent NAME --root ROOT --clear-denial
+PERMISSION`` (or ``all``), which removes the file; ``--list-denials`` prints them. Clearing
+needs no stop: the serving runner reads the directory before it takes each message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fleet_runner.records import now_iso, read_json, write_json_atomic
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def permission_of(denial: dict[str, Any]) -> str:
+    """The permission a denial refused: its ``permission`` key when the source gave one
+    (``tool:Bash``), else ``cli:NAME`` of the CLI that recorded it."""
+    permission = denial.get("permission")
+    if isinstance(permission, str) and permission:
+        return permission
+    return f"cli:{denial.get('cli') or '?'}"
+
+
+def _file(directory: Path, permission: str) -> Path:
+    return Path(directory) / (_UNSAFE.sub("_", permission)[:120] + ".json")
+
+
+def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run: str,
+           clear: str) -> list[str]:
+    """Make each denial's permission a standing denial (the first one recorded is kept).
+
+    Args:
+        directory: ``STATE/standing-denials``.
+        denials: the run's denials.
+        task: the task they stopped.
+        run: ``TASK/ATTEMPT``.
+        clear: the command that clears one (shown in escalations and logs).
+
+    Returns:
+        The permissions, in order, without repeats.
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    out: list[str] = []
+    for denial in denials:
+        permission = permission_of(denial)
+        if permission in out:
+            continue
+        out.append(permission)
+        path = _file(directory, permission)
+        if not path.exists():
+            write_json_atomic(path, {"permission": permission, "task": task, "run": run,
+                                     "what": denial.get("what"), "time": now_iso(),
+                                     "clear": clear.replace("PERMISSION", shlex.quote(permission))})
+    return out
+
+
+def standing(directory: Path) -> list[dict[str, Any]]:
+    """The standing denials, oldest first (``[]`` when none or no directory)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            value = read_json(Path(directory) / name)
+        except ValueError:
+            value = {"permission": name[:-5], "what": "(unreadable file)"}
+        if isinstance(value, dict):
+            found.append(value)
+    return sorted(found, key=lambda d: str(d.get("time", "")))
+
+
+def clear(directory: Path, permission: str) -> list[str]:
+    """Remove the standing denial of ``permission`` (``all``: every one).
+
+    Returns:
+        The permissions cleared (``[]`` when there was no such denial).
+    """
+    cleared = []
+    for entry in standing(directory):
+        name = str(entry.get("permission"))
+        if permission in ("all", name):
+            try:
+                os.unlink(_file(directory, name))
+                cleared.append(name)
+            except FileNotFoundError:
+                pass
+    return cleared

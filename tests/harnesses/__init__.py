@@ -1,0 +1,1 @@
+"""Scripted stand-ins for agent harnesses (``claude``), for the harness-probe tests."""
