@@ -436,12 +436,23 @@ def _tokens_checks(blueprint: Any, inventory: Any, hosts: list[Any],
         bad = [a for a in agents if a.status == "incomplete"]
         if bad:
             checks.append(CheckResult(h.name, "tokens", "error",
-                                      "not measured: " + ", ".join(
-                                          f"{a.agent} (an MCP server could not be listed)"
-                                          for a in bad)))
+                                      "incomplete (a lower bound): " + "; ".join(
+                                          f"{a.agent}: {_incomplete_reason(a)}" for a in bad),
+                                      "see `fleetctl tokens` (docs/tokens.md)"))
         else:
             checks.append(CheckResult(h.name, "tokens", "findings" if found else "ok"))
     return checks
+
+
+def _incomplete_reason(agent: Any) -> str:
+    """Why an agent's prefix could not be measured whole (``fleetctl tokens``' reasons)."""
+    reasons = [f"MCP server {s.name} not measured" for s in agent.servers
+               if not getattr(s, "measured", True)]
+    if getattr(agent, "harness_missing", None):
+        reasons.append(f"harness: {agent.harness_missing}")
+    if getattr(agent, "counter_error", None):
+        reasons.append(f"counter: {agent.counter_error}")
+    return ", ".join(printable(r) for r in reasons) or "not measured"
 
 
 # -- stage 2: judge -----------------------------------------------------------------------------

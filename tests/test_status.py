@@ -105,7 +105,15 @@ def test_status_and_report_chart_from_real_runner_records(tmp_path):
     # The report's chart: one point per ledger turn, in time order, values from the file.
     ledger = [json.loads(line) for line in (state / "ledger.jsonl").read_text().splitlines()]
     rep = cli("report", "--format", "json", inventory=inv, blueprint=bp)
-    assert rep.code in (0, 1), rep.stdout + rep.stderr
+    # The fake agent command has no harness profile: `fleetctl tokens` calls its measurement
+    # incomplete (exit 2), and the report's tokens check says the same, with the reason.
+    audit = cli("tokens", "--format", "json", inventory=inv, blueprint=bp)
+    (tokens_check,) = [c for c in rep.doc["checks"] if c["check"] == "tokens"]
+    assert (tokens_check["status"] == "error") == (audit.code == 2), tokens_check
+    if audit.code == 2:
+        assert rep.code == 2 and "harness" in tokens_check["error"], tokens_check
+    else:
+        assert rep.code in (0, 1), rep.stdout + rep.stderr
     series = rep.doc["agents"]
     assert [(s["host"], s["agent"], s["status"], s["turns"]) for s in series] == [
         ("h1", AGENT, "ok", len(ledger))]
