@@ -73,6 +73,8 @@ if [ "${1:-}" = "--test" ]; then
       exit 2
     fi
     mkdir -p .tools/node
-    (cd .tools/node && npm install --no-audit --no-fund --silent typescript@5.9.3 >/dev/null)
+    # --prefix: without it npm takes .tools (which has node_modules) for the project and its
+    # install prunes the Claude Code installed there above.
+    npm install --prefix .tools/node --no-audit --no-fund --silent typescript@5.9.3 >/dev/null
   fi
 fi
