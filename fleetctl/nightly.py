@@ -180,7 +180,7 @@ class NightlyReport:
         generated: when the run started, ISO 8601 UTC (``2026-12-01T02:00:00Z``).
         source: the blueprint checkout (``{"commit", "clean", "dirty"}``).
         hosts: per host: ``host, status`` (drift's), ``release, commit, identity, ancestry,
-            ship_in_progress``.
+            ship_in_progress, unchecked_grants``.
         checks: one :class:`CheckResult` per host and check.
         findings: tonight's findings, in host then check order.
         resolved: last night's findings not seen tonight (state ``resolved``), and those of
@@ -294,7 +294,12 @@ def host_record(result: Any) -> dict[str, Any]:
     return {"host": result.host, "status": result.status, "release": result.release,
             "commit": result.commit, "identity": result.identity,
             "ancestry": result.ancestry.to_json() if result.ancestry else None,
-            "ship_in_progress": result.in_progress}
+            "ship_in_progress": result.in_progress,
+            # Grants whose secret was not available: their files were compared with the
+            # shipped record alone (docs/json.md, unchecked_grants). Never a value.
+            "unchecked_grants": [{k: safe_text(v) if isinstance(v, str) else v
+                                  for k, v in u.to_json().items()}
+                                 for u in getattr(result, "unchecked", [])]}
 
 
 def thin(points: list[tuple[str, int]], limit: int = SERIES_POINTS_MAX) -> list[tuple[str, int]]:

@@ -74,6 +74,12 @@ def _commit_text(h: dict[str, Any]) -> str:
     return commit
 
 
+def _unchecked_text(u: dict[str, Any]) -> str:
+    """One grant whose secret was not available, for people (never a value)."""
+    return printable(f"{u.get('agent')}/{u.get('capability')}: {u.get('source_name')}: "
+                     f"{u.get('reason')}; its files were compared with the shipped record only")
+
+
 def headline(doc: dict[str, Any]) -> str:
     """One line: the outcome, counts, and the exit code."""
     s = doc["summary"]
@@ -113,6 +119,9 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
         for c in errors:
             lines.append(f"  {c['check']} error: {printable(c['error'] or '')}"
                          + (f" (hint: {printable(c['hint'])})" if c.get("hint") else ""))
+        if not quiet:
+            lines += [f"  unchecked: {_unchecked_text(u)}"
+                      for u in host.get("unchecked_grants") or []]
         for f in shown:
             note = _accept_note(f)
             lines.append(f"  [{_STATE_MARK[f['state']]}{', FAILS' if f['fails'] else ''}] "
@@ -175,11 +184,12 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
                    f"{sum(1 for f in mine if f['state'] == 'new')} |")
     budget = limit_bytes - _MD_RESERVE_BYTES
     total = len(doc["findings"])
+    unchecked = {h["host"]: h.get("unchecked_grants") or [] for h in doc["hosts"]}
     blocks = []
     for name in _host_names(doc):
         mine = [f for f in doc["findings"] if f["host"] == name]
         errors = [c for c in checks.get(name, {}).values() if c["status"] == "error"]
-        if not mine and not errors:
+        if not mine and not errors and not unchecked.get(name):
             continue
         failing = sum(1 for f in mine if f["fails"])
         new = sum(1 for f in mine if f["state"] == "new")
@@ -189,6 +199,7 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
                 ""]
         head += [f"- **{c['check']} could not run**: {md_text(c['error'] or '')}"
                  + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "") for c in errors]
+        head += [f"- unchecked: {md_text(_unchecked_text(u))}" for u in unchecked.get(name, [])]
         blocks.append((head, mine))
     # Every host's headline is kept; the rows share what is left, host by host, a host's
     # unused share going to the next.
@@ -521,6 +532,11 @@ def to_html(doc: dict[str, Any]) -> str:
                  f'<td class="path">{_e(f["subject"])}</td><td>{_e(f["message"])}</td>'
                  f"<td>{_e(_since(f))}</td><td>{_e(_accept_note(f))}</td></tr>")
     p.append("</tbody></table></section>")
+    unchecked = [(h["host"], u) for h in doc["hosts"] for u in h.get("unchecked_grants") or []]
+    if unchecked:
+        p.append('<section id="unchecked"><h2>Grants not checked (secret not available)</h2><ul>'
+                 + "".join(f"<li>{_e(host)}: {_e(_unchecked_text(u))}</li>"
+                           for host, u in unchecked) + "</ul></section>")
     errors = [c for c in doc["checks"] if c["status"] == "error"]
     if errors:
         p.append('<section id="errors"><h2>Checks that could not run</h2><ul>'

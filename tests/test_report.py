@@ -469,3 +469,30 @@ def test_a_rotated_secret_is_reported_by_digest_only(tmp_path, host_root, real_u
     assert "secret: digests only" in finding["message"]
     for text in [run.stdout, run.stderr] + [p.read_text() for p in out.iterdir()]:
         assert old not in text and new not in text
+
+
+def test_a_grant_whose_secret_is_not_available_is_named_not_failed(tmp_path, host_root,
+                                                                   real_users, monkeypatch):
+    """CI without one grant's secret: the report still runs; the host names the unchecked
+    grant (agent, capability, the variable) in JSON, text and Markdown, and nothing fails for
+    it."""
+    from tests.test_credentials import Fleet, tok
+
+    fleet = Fleet(tmp_path, host_root, real_users, monkeypatch)
+    fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    monkeypatch.delenv("TOK_A")
+    md = tmp_path / "r.md"
+    run = fleet.run("report", "--format", "json", "--markdown", str(md), "--no-ledgers",
+                    "--fail-on", "drift")
+    assert run.code in (0, 2), run.stdout + run.stderr  # tokens: no runner in this blueprint
+    jsonschema.Draft202012Validator(SCHEMA).validate(run.doc)
+    (host,) = run.doc["hosts"]
+    (u,) = host["unchecked_grants"]
+    assert (u["agent"], u["capability"]) == ("a", "tok") and "TOK_A" in u["source_name"]
+    assert [f for f in run.doc["findings"] if f["check"] == "drift"] == []
+    shown = md.read_text().replace("\\_", "_")  # Markdown's escape of "_" undone
+    assert "unchecked: a/tok: environment variable TOK_A" in shown
+    text = fleet.run("report", "--no-ledgers", "--fail-on", "drift")
+    assert "unchecked: a/tok: environment variable TOK_A" in text.stdout
