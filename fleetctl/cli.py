@@ -137,15 +137,23 @@ class ReportTarget:
             self._fh.close()
 
     def console(self) -> Console:
-        """A console for the text format: the file, or stdout (wide when not a terminal)."""
+        """A console for the text format: the file, or stdout (wide when not a terminal); lines
+        to a file or a pipe carry no padding."""
+        from fleetctl.textout import RStripWriter
+
         if self._fh is not None:
-            return Console(file=self._fh, width=160, no_color=True)
+            return Console(file=RStripWriter(self._fh), width=160, no_color=True)
         out = Console()
-        return out if out.is_terminal else Console(width=160)
+        return out if out.is_terminal else Console(file=RStripWriter(sys.stdout), width=160)
+
+
+QuietOpt = typer.Option(False, "--quiet", "-q",
+                        help="Text: show only the hosts with a problem.")
 
 
 def _report(results: list[HostResult], command: str, fmt: Format, target: ReportTarget,
-            debug: bool, source: SourceState | None = None) -> int:
+            debug: bool, source: SourceState | None = None, quiet: bool = False,
+            all_paths: bool = True) -> int:
     code = worst_exit([r.exit_code for r in results])
     if debug:
         for r in results:
@@ -156,7 +164,7 @@ def _report(results: list[HostResult], command: str, fmt: Format, target: Report
     elif fmt is Format.markdown:
         target.write(to_markdown(results, f"fleetctl {command}", source))
     else:
-        print_text(target.console(), results, command, source)
+        print_text(target.console(), results, command, source, quiet, all_paths)
         target.write("")
     if not results:
         err.print("no hosts selected: the inventory has none")
@@ -201,6 +209,7 @@ def drift(
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Show what on each host differs from the blueprint, and why (exit 0 none, 1 drift, 2 error)."""
 
@@ -211,7 +220,7 @@ def drift(
         source = _source(inv, bp)
         results = _with_progress(lambda p: run_hosts(
             selected, lambda h: drift_host(bp, h, p, source, diff), parallel, p))
-        return _report(results, "drift", fmt, target, debug, source)
+        return _report(results, "drift", fmt, target, debug, source, quiet)
 
     _guard(body, debug)
 
@@ -247,6 +256,9 @@ def ship(
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
+    quiet: bool = QuietOpt,
+    all_paths: bool = typer.Option(False, "--all-paths", help="List every path of a first "
+                                   "ship, not one summary line per host."),
 ) -> None:
     """Make each host's managed tree equal the blueprint: a new release, switched atomically.
 
@@ -274,11 +286,11 @@ def ship(
                                   step="source") for h in selected] if refusal else \
                 _with_progress(lambda p: run_hosts(
                     selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
-            return _report(results, "ship", fmt, target, debug, source)
+            return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)
         if not yes and sys.stdin.isatty() and err.is_terminal:
             plans = _with_progress(lambda p: run_hosts(
                 selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
-            print_text(err, plans, "ship plan")
+            print_text(err, plans, "ship plan", all_paths=all_paths)
             # Changes to confirm: a new release, or runner unit files to write or remove. A
             # systemd host with neither is still shipped (its units enabled and started, which
             # changes nothing that is running), without asking.
@@ -286,7 +298,7 @@ def ship(
                     or (p.status == "no-op" and p.services and p.services.changes_files)]
             units_only = [p for p in plans if p.status == "no-op" and p.services is not None]
             if not todo and not units_only:
-                return _report(plans, "ship", fmt, target, debug, source) \
+                return _report(plans, "ship", fmt, target, debug, source, quiet, all_paths) \
                     if fmt is not Format.text else worst_exit([p.exit_code for p in plans])
             count = sum(len(p.changes) for p in todo)
             unit_count = sum(len(p.services.installed) + len(p.services.removed)
@@ -298,13 +310,13 @@ def ship(
                 for p in todo:
                     p.status, p.error = "declined", "not confirmed; nothing was written"
                 err.print("nothing shipped")
-                return _report(plans, "ship", fmt, target, debug, source) \
+                return _report(plans, "ship", fmt, target, debug, source, quiet, all_paths) \
                     if fmt is not Format.text else EXIT_REFUSED
             options = replace(options, approved={p.host: p.plan_digest for p in plans
                                                  if p.plan_digest})
         results = _with_progress(lambda p: ship_fleet(bp, selected, options, source,
                                                       parallel, p))
-        return _report(results, "ship", fmt, target, debug, source)
+        return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)
 
     _guard(body, debug)
 
@@ -343,6 +355,11 @@ register_day_two(app)
 from fleetctl.cli_creds import creds_app  # noqa: E402 - `fleetctl creds audit`
 
 app.add_typer(creds_app, name="creds")
+
+from fleetctl.cli_report import report_command, status_command  # noqa: E402 - issue 13
+
+app.command("report")(report_command)
+app.command("status")(status_command)
 
 
 @app.command()

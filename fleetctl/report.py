@@ -23,6 +23,7 @@ from fleetctl.manifest import Entry
 from fleetctl.names import escape_name, printable, safe_text
 from fleetctl.results import HostResult
 from fleetctl.source import SourceState
+from fleetctl.textout import TABLE_PADDING, path_column_width, wrap_path
 
 SCHEMA_VERSION = 1
 
@@ -195,19 +196,66 @@ def summary_line(result: HostResult) -> str:
     return f"{result.host}: {result.status}{where}: {printable(error)}{units}"
 
 
+FIRST_SHIP_LISTED = 10
+"""A first ship (or its plan) of more paths than this is summarised per top directory unless
+all paths are asked for (``ship --all-paths``)."""
+_QUIET_OK = ("in-sync", "shipped", "no-op", "dry-run")
+
+
+def _first_ship(result: HostResult) -> bool:
+    """Whether ``result`` is a host's first ship or its plan (no release before it)."""
+    if result.status == "shipped":
+        return result.previous is None
+    return result.status in ("dry-run", "refused", "declined") and result.release is None \
+        and bool(result.changes) and all(c.origin == "unknown" or c.change == "missing"
+                                         for c in result.changes)
+
+
+def first_ship_line(result: HostResult) -> str:
+    """``HOST: first ship: N path(s): runner/ (n), skills/ (n); --all-paths lists them``."""
+    tops: dict[str, int] = {}
+    for c in result.changes:
+        top = c.path.split("/", 1)[0] + "/"
+        tops[top] = tops.get(top, 0) + 1
+    shown = ", ".join(f"{printable(t)} ({n})" for t, n in sorted(tops.items()))
+    return (f"{result.host}: first ship: {len(result.changes)} path(s): {shown}; "
+            "--all-paths lists them")
+
+
 def print_text(console: Console, results: list[HostResult], title: str,
-               source: SourceState | None = None) -> None:
-    """Draw a table of changes per host, then one summary line per host."""
-    if source is not None:
+               source: SourceState | None = None, quiet: bool = False,
+               all_paths: bool = True) -> None:
+    """Draw a table of changes per host, then one summary line per host.
+
+    The path column is as wide as the console allows and paths wrap after a ``/``, never inside
+    a name. With ``quiet``, only hosts with a problem (not in sync, refused, failed) are shown,
+    and the source only when it is not clean. Without ``all_paths``, a first ship of more than
+    :data:`FIRST_SHIP_LISTED` paths is one line per host instead of a table.
+    """
+    if quiet:
+        results = [r for r in results if r.status not in _QUIET_OK]
+    if source is not None and not (quiet and source.clean):
         console.print(Text(printable(source_line(source)),
                            style="" if source.clean else "yellow"), soft_wrap=True)
     for result in results:
-        if result.changes:
+        if result.changes and not all_paths and _first_ship(result) \
+                and len(result.changes) > FIRST_SHIP_LISTED:
+            console.print(Text(first_ship_line(result)), soft_wrap=True)
+        elif result.changes:
             table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD, title_justify="left")
-            for column in ("path", "change", "origin", "live", "desired"):
-                table.add_column(column, overflow="fold")
-            for c in result.changes:
-                table.add_row(Text(printable(c.path)), c.change,
+            shown = [printable(c.path) for c in result.changes]
+            width = path_column_width(shown, console.width)
+            table.add_column("path", min_width=width, max_width=width, overflow="fold")
+            change_w = max([6] + [len(c.change) for c in result.changes])
+            origin_w = max([6] + [len(c.origin) for c in result.changes])
+            # What is left goes to live and desired, which wrap at their spaces.
+            side_w = max(12, (console.width - width - change_w - origin_w - TABLE_PADDING) // 2)
+            table.add_column("change", min_width=change_w, overflow="fold")
+            table.add_column("origin", min_width=origin_w, overflow="fold")
+            for column in ("live", "desired"):
+                table.add_column(column, max_width=side_w, overflow="fold")
+            for c, path in zip(result.changes, shown):
+                table.add_row(Text(wrap_path(path, width)), c.change,
                               Text(c.origin, style=_ORIGIN_STYLE.get(c.origin, "")),
                               Text(_attr_summary(c, c.live)), Text(_attr_summary(c, c.desired)))
             console.print(table)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
 # openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, sudo (the
-# `become: sudo` tests log in as a non-root user whose sudoers entry they write), and the real
+# `become: sudo` tests log in as a non-root user whose sudoers entry they write), chromium (the
+# HTML report is checked in headless Chromium: tests/test_report_html.py), and the real
 # Claude Code from the npm registry into .tools/ (gitignored): the harness-probe tests run it
 # against a local endpoint (docs/tokens.md, *Harness profiles*). Needs node >= 18 and npm.
 set -euo pipefail
@@ -19,6 +20,7 @@ if [ "${1:-}" = "--test" ]; then
   command -v git >/dev/null || need+=(git)
   command -v ssh-keygen >/dev/null || need+=(openssh-client)
   [ -x /usr/bin/sudo ] || need+=(sudo)
+  command -v chromium >/dev/null || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
       echo "setup: the tests need ${need[*]} (Debian packages) and run as root" >&2
@@ -71,8 +73,8 @@ if [ "${1:-}" = "--test" ]; then
       exit 2
     fi
     mkdir -p .tools/node
-    # --prefix, not cd: npm would otherwise install into the nearest package.json above
-    # (.tools/, where Claude Code is installed).
+    # --prefix: without it npm takes .tools (which has node_modules) for the project and its
+    # install prunes the Claude Code installed there above.
     npm install --prefix .tools/node --no-audit --no-fund --silent typescript@5.9.3 >/dev/null
   fi
 fi

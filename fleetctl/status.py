@@ -1,0 +1,253 @@
+"""``fleetctl status``: the fleet at a glance, from the releases and the runners' own records.
+
+One read-only round trip per host (the host-side ``status`` op, hosts in parallel, one host's
+failure never stops the others) gives:
+
+- per host: the release ``current`` points to, and the blueprint commit its record names
+  (``docs/provenance.md``);
+- per agent, from ``<root>/state/<agent>/`` (``docs/runner.md``, Records): its last task (the
+  ``runs/<task>/`` most recently written), that task's outcome from ``result.json`` (``pass``,
+  ``gave-up``, ``denied``, ``refused``; ``running`` while there is none) and the verdict of its
+  last attempt, its retries (attempts after the first), the escalations waiting for a person
+  (files in the ``notify/`` spool, which the pager removes once delivered), and its prefix
+  tokens per turn (median and last of the ledger's last 200 turns).
+
+Exit codes (DESIGN.md §4): 0 nothing needs attention, 1 attention needed (an escalation
+waiting, a last task that gave up, was denied or refused, a host with no release), 2 a host, or
+an agent's records, could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
+from fleetctl.names import printable
+
+SCHEMA_VERSION = 1
+ATTENTION_OUTCOMES = ("gave-up", "denied", "refused")
+"""Outcomes of a last task that need a person."""
+
+
+@dataclass(slots=True)
+class AgentStatus:
+    """One agent as its runner's records say.
+
+    Attributes:
+        host, agent, role: who.
+        last_task: the id of the last task, or ``None`` (no task yet).
+        outcome: ``pass``, ``gave-up``, ``denied``, ``refused`` or ``running`` (no result yet).
+        verdict: the last attempt's verdict (``pass``, ``fail``, ``denied``, ``interrupted``).
+        attempts: attempts of the last task; ``retries`` is ``attempts - 1`` (0 when none).
+        failed_verifications: of the last task, from its result.
+        escalations: escalations waiting in the notify spool (count); ``escalation_list``
+            describes the first 20 (``task, kind, time, reason, via``).
+        turns: ledger turns; ``prefix_median`` and ``prefix_last``: prefix tokens per turn
+            over the last 200 turns, ``None`` without turns.
+        errors: records that could not be read (path: error).
+    """
+
+    host: str
+    agent: str
+    role: str
+    state_exists: bool = False
+    last_task: str | None = None
+    outcome: str | None = None
+    verdict: str | None = None
+    attempts: int = 0
+    failed_verifications: int | None = None
+    reason: str | None = None
+    escalations: int = 0
+    escalation_list: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+    prefix_median: float | None = None
+    prefix_last: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - 1)
+
+    @property
+    def attention(self) -> bool:
+        return bool(self.escalations) or self.outcome in ATTENTION_OUTCOMES
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "agent": self.agent, "role": self.role,
+                "state_exists": self.state_exists, "last_task": self.last_task,
+                "outcome": self.outcome, "verdict": self.verdict, "attempts": self.attempts,
+                "retries": self.retries, "failed_verifications": self.failed_verifications,
+                "reason": self.reason, "escalations_waiting": self.escalations,
+                "escalations": self.escalation_list, "turns": self.turns,
+                "prefix_tokens_per_turn": {"median": self.prefix_median,
+                                           "last": self.prefix_last},
+                "attention": self.attention, "errors": self.errors}
+
+
+@dataclass(slots=True)
+class HostStatus:
+    """One host: ``status`` ``ok`` or ``error`` (could not be read), its release and commit."""
+
+    host: str
+    status: str = "ok"
+    error: str | None = None
+    release: str | None = None
+    commit: str | None = None
+    shipped_by: str | None = None
+    shipped_at: str | None = None
+    agents: list[AgentStatus] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "error": self.error,
+                "release": self.release, "commit": self.commit, "shipped_by": self.shipped_by,
+                "shipped_at": self.shipped_at, "agents": [a.to_json() for a in self.agents]}
+
+
+@dataclass(slots=True)
+class FleetStatus:
+    hosts: list[HostStatus]
+
+    @property
+    def exit_code(self) -> int:
+        """2 when a host or an agent's records could not be read, 1 when something needs a
+        person, else 0."""
+        if any(h.status == "error" or any(a.errors for a in h.agents) for h in self.hosts):
+            return EXIT_ERROR
+        if any(h.release is None or any(a.attention for a in h.agents) for h in self.hosts):
+            return EXIT_FINDINGS
+        return EXIT_OK
+
+
+def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
+    """Fill ``status`` from the ``status`` op's events (a pure parser: recorded events in
+    tests)."""
+    by_name = {a.agent: a for a in status.agents}
+    for e in events:
+        if e.get("t") == "release":
+            status.release = e.get("current")
+            meta = e.get("meta") or {}
+            source = meta.get("source")
+            status.commit = source.get("commit") if isinstance(source, dict) else None
+            status.shipped_by = meta.get("shipped_by")
+            status.shipped_at = meta.get("created")
+        elif e.get("t") == "agent-status" and e.get("agent") in by_name:
+            a = by_name[e["agent"]]
+            a.state_exists = bool(e.get("state_exists"))
+            a.escalations = int(e.get("escalations") or 0)
+            a.escalation_list = list(e.get("escalation_list") or [])
+            a.turns = int(e.get("turns") or 0)
+            totals = [t for t in e.get("prefix_totals") or [] if isinstance(t, (int, float))]
+            a.prefix_median = statistics.median(totals) if totals else None
+            a.prefix_last = totals[-1] if totals else None
+            a.errors = list(e.get("errors") or [])
+            last = e.get("last_task")
+            if isinstance(last, dict):
+                a.last_task = last.get("task")
+                result = last.get("result") if isinstance(last.get("result"), dict) else None
+                a.verdict = last.get("last_verdict")
+                if result is not None:
+                    a.outcome = result.get("outcome")
+                    a.attempts = int(result.get("attempts") or 0)
+                    a.failed_verifications = result.get("failed_verifications")
+                    a.reason = result.get("reason")
+                else:
+                    a.outcome = "running"
+                    a.attempts = int(last.get("attempts_recorded") or 0)
+
+
+def _read_host(host: Any, status: HostStatus) -> None:
+    from fleetctl.hostcall import HostCall
+    from fleetctl.transport import open_transport
+
+    request = {"op": "status", "root": host.root, "agents": [a.agent for a in status.agents]}
+    transport = open_transport(host)
+    transport.connect()
+    call = None
+    events = []
+    try:
+        call = HostCall(transport, host.python, request, host.timeout_s)
+        for event in call.events():
+            if event.get("t") == "status-end":
+                break
+            events.append(event)
+        else:
+            raise call.broken("the status ended early")
+        call.finish()
+    finally:
+        if call is not None:
+            call.kill()
+        transport.close()
+    apply_events(status, events)
+
+
+def fleet_status(hosts: list[Any], parallel: int = 8) -> FleetStatus:
+    """Read every selected host's release and runner records (read only), ``parallel`` at once.
+
+    A host that cannot be reached or read is ``error`` (with the message); the others are
+    still read.
+    """
+    from fleetctl.results import HostResult
+    from fleetctl.ship import run_hosts
+
+    out = {h.name: HostStatus(h.name, agents=[AgentStatus(h.name, a.name, a.role)
+                                              for a in h.agents]) for h in hosts}
+
+    def work(host: Any) -> HostResult:
+        _read_host(host, out[host.name])
+        return HostResult(host.name, "in-sync")
+
+    for r in run_hosts(hosts, work, parallel):
+        if r.status == "error":
+            out[r.host].status, out[r.host].error = "error", r.error
+    return FleetStatus([out[h.name] for h in hosts])
+
+
+def to_json(report: FleetStatus) -> str:
+    """``{"schema_version", "command": "status", "exit_code", "hosts": [...]}``."""
+    return json.dumps({"schema_version": SCHEMA_VERSION, "command": "status",
+                       "exit_code": report.exit_code,
+                       "hosts": [h.to_json() for h in report.hosts]},
+                      indent=2, ensure_ascii=False) + "\n"
+
+
+def _n(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.1f}"
+    return f"{int(v):,}"
+
+
+def to_text(report: FleetStatus) -> str:
+    """Plain lines: one per host, one per agent under it; not padded to a width."""
+    lines = []
+    for h in report.hosts:
+        if h.status == "error":
+            lines.append(f"{printable(h.host)}: ERROR: {printable(h.error or '')}")
+            continue
+        commit = (h.commit or "-")[:12]
+        lines.append(f"{printable(h.host)}: release {h.release or 'none'}, commit {commit}"
+                     + (f", shipped {h.shipped_at} by {printable(h.shipped_by)}"
+                        if h.shipped_at and h.shipped_by else ""))
+        for a in h.agents:
+            if a.last_task is None:
+                task = "no task yet"
+            else:
+                task = (f"last task {printable(a.last_task)}: {a.outcome}"
+                        + (f" (last attempt {a.verdict})" if a.verdict else "")
+                        + f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}")
+            esc = f"{a.escalations} escalation(s) waiting" if a.escalations else \
+                "no escalation waiting"
+            tokens = (f"prefix tokens/turn median {_n(a.prefix_median)}, last "
+                      f"{_n(a.prefix_last)} ({a.turns} turn(s))" if a.turns else "no turns yet")
+            mark = "! " if a.attention else "  "
+            lines.append(f"{mark}{printable(a.agent)} ({a.role}): {task}; {esc}; {tokens}")
+            for e in a.escalation_list[:3]:
+                lines.append(f"    escalation {e.get('kind')}: task {printable(str(e.get('task')))}"
+                             f": {printable(str(e.get('reason') or ''))[:160]}")
+            for error in a.errors:
+                lines.append(f"    unreadable: {printable(error)}")
+    return "\n".join(lines) + ("\n" if lines else "")
