@@ -329,10 +329,28 @@ def _open_parent(root: Path, rel: str, create: bool) -> tuple[int, str]:
     return fd, parts[-1]
 
 
-def _write_file(root: Path, rel: str, data: bytes, mode: int) -> None:
+def _put(root: Path, rel: str, make: Callable[[int, str], None]) -> None:
+    """Create ``rel`` inside ``root``: ``make(dir_fd, tmp_name)`` builds it under a temporary
+    name in its (no-follow) parent, which is then renamed over the final name; a symlink there
+    is replaced, never written through, and a directory there is refused."""
     fd, name = _open_parent(root, rel, create=True)
     tmp = f".{name[:200]}.fleetctl-backport"
     try:
+        make(fd, tmp)
+        _refuse_dir(fd, name)
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
+
+
+def _write_file(root: Path, rel: str, data: bytes, mode: int) -> None:
+    def make(fd: int, tmp: str) -> None:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                       dir_fd=fd)
         try:
@@ -342,33 +360,12 @@ def _write_file(root: Path, rel: str, data: bytes, mode: int) -> None:
             os.fchmod(out, mode)
         finally:
             os.close(out)
-        _refuse_dir(fd, name)
-        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=fd)
-        except OSError:
-            pass
-        raise
-    finally:
-        os.close(fd)
+
+    _put(root, rel, make)
 
 
 def _write_link(root: Path, rel: str, target: str) -> None:
-    fd, name = _open_parent(root, rel, create=True)
-    tmp = f".{name[:200]}.fleetctl-backport"
-    try:
-        os.symlink(target, tmp, dir_fd=fd)
-        _refuse_dir(fd, name)
-        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=fd)
-        except OSError:
-            pass
-        raise
-    finally:
-        os.close(fd)
+    _put(root, rel, lambda fd, tmp: os.symlink(target, tmp, dir_fd=fd))
 
 
 def _refuse_dir(fd: int, name: str) -> None:
