@@ -396,7 +396,7 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
     scale = (height - pad_b - pad_t) / top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="chart-findings-svg" role="img" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
-             f"<title>findings per night</title>",
+             "<title>findings per night</title>",
              f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - 5}" y2="{height - pad_b}" '
              'stroke="#888"/>',
              f'<text x="{pad_l - 5}" y="{pad_t + 10}" text-anchor="end">{top}</text>',

@@ -17,7 +17,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jsonschema
-import pytest
 from junitparser import Error, Failure, JUnitXml, Skipped
 
 from tests.helpers import cli, commit_project, git, local_host, make_project, write_inventory

@@ -12,7 +12,6 @@ hand-patch; the second, with ``FLEET_FAIL_ON=new`` and the history kept, passes.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

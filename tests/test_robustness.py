@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, local_host, make_project, snapshot, write_inventory
+from tests.helpers import cli, local_host, make_project, write_inventory
 from tests.test_ship_local import Fleet, fleet  # noqa: F401 - the fixture
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import cli, commit_project, local_host, write_inventory
+from tests.helpers import cli, local_host, write_inventory
 from tests.test_tokens_live_runner import _blueprint, _drop
 
 AGENT = "a1"
