@@ -1245,6 +1245,11 @@ def ship_locked(root, command, state, scanned):
             if problem:
                 raise Stop(step, problem[0], problem[1])
         for path in (os.path.join(root, enc(STATE_DIR)), releases_dir):
+            if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+                # Assembling and recording would write through it, outside the root.
+                raise Stop(step, "layout", "%s is not a directory of the root (a symlink or a "
+                           "file): fleetctl writes nothing through it; move it aside"
+                           % dec(path), dec(path))
             if not os.path.isdir(path):
                 os.mkdir(path, 0o755)
                 os.chmod(path, 0o755)

@@ -9,6 +9,7 @@ permission errors (a non-root login) and a real full disk (a small tmpfs).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_project, snapshot, ssh_host, write_inventory
+from tests.helpers import cli, make_project, snapshot, ssh_host, write_inventory
 from tests.test_ssh import (  # noqa: F401 - fixtures
     RUNNER,
     commit_all,
@@ -558,3 +559,29 @@ def test_a_non_root_login_prunes_releases_with_read_only_and_closed_directories(
     assert second.code == 0, second.stdout + second.stderr
     assert second.host("web1")["pruned"] == [old.name] and second.host("web1")["warnings"] == []
     assert not old.exists() and not staging.exists()
+
+
+@pytest.mark.parametrize("name", ["releases", ".fleetctl"])
+def test_releases_or_state_dir_swapped_for_a_symlink_is_never_written_through(
+        tmp_path, name, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """A host where ``releases/`` or ``.fleetctl/`` was replaced by a symlink to a directory
+    outside the root: the ship stops at prepare (exit 2) naming it, and nothing is written in
+    the directory it points to."""
+    from tests.test_ship_guards import commit_change
+
+    bp = make_project(tmp_path / "proj", {"runner": {"a": "a\n"}})
+    root = tmp_path / "root"
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "web1": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, root)})
+    first = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert first.code == 0, first.stdout
+    outside = tmp_path / "outside"
+    os.rename(root / name, outside)
+    os.symlink(outside, root / name)
+    before = snapshot(outside)
+    commit_change(bp, "b", "b\n")
+    run = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2, run.stdout
+    host = json.loads(run.stdout)["hosts"][0]
+    assert host["step"] == "prepare" and name in host["error"]
+    assert snapshot(outside) == before
