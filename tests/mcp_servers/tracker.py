@@ -30,7 +30,7 @@ import argparse
 import base64
 import itertools
 import sys
-import time
+import threading
 from datetime import date
 from typing import Annotated, Any, Literal
 
@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(3)
     if mode == "slow-start":
         print("tracker: warming the cache...", file=sys.stderr, flush=True)
-        time.sleep(30)
+        threading.Event().wait()  # never ready: the client's startup timeout must end it
     if mode == "garbage":
         print("Tracker MCP server v1.4.2 ready", flush=True)
     print(f"tracker: serving ({mode}, page size {args.page_size or 'all'})", file=sys.stderr,
