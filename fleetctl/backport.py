@@ -46,10 +46,10 @@ from fleetctl.drift import (
     UNKNOWN,
     Change,
 )
-from fleetctl.errors import HostError, InputError
+from fleetctl.errors import HostError
 from fleetctl.inventory import Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, sha256_digest
-from fleetctl.names import escape_name, printable, safe_text
+from fleetctl.names import escape_name, printable, safe_text, tree_path
 from fleetctl.plan import identity_problem
 from fleetctl.render import TEMPLATE_SUFFIX, render_host
 from fleetctl.scan import changes_for, host_session
@@ -126,7 +126,7 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
     """
     if read is None:
         from fleetctl.hostops import read_live_files as read
-    wanted = [_plain(p) for p in paths or ()]
+    wanted = [tree_path(p, "backport path") for p in paths or ()]
     tree = render_host(blueprint, host, with_credentials=False)
     with host_session(host, "scan") as (_call, _events, state):
         changes = changes_for(blueprint, tree, state)
@@ -193,15 +193,6 @@ def _hand_patched_credentials(state: Any) -> list[str]:
                                                                 entry.owner):
             out.append(entry.path)
     return out
-
-
-def _plain(path: str) -> str:
-    parts = path.rstrip("/").split("/")
-    if not path.rstrip("/") or path.startswith("/") or any(p in ("", ".", "..") for p in parts) \
-            or "\0" in path:
-        raise InputError(f"{path!r}: not a plain path relative to the managed tree",
-                         hint="name paths as drift shows them, e.g. runner/README")
-    return "/".join(parts)
 
 
 def _live_file(changes: list[Change]) -> bool:

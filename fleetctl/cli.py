@@ -8,7 +8,6 @@ Data goes to stdout (or ``--output``); messages, progress and prompts go to stde
 from __future__ import annotations
 
 import sys
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -32,6 +31,7 @@ from fleetctl.cli_common import (
     err,
     find_project,
     print_error,
+    print_internal_error,
 )
 from fleetctl.cli_releases import register as register_day_two
 from fleetctl.cli_tokens import tokens_command
@@ -43,7 +43,7 @@ from fleetctl.errors import (
     worst_exit,
 )
 from fleetctl.inventory import Inventory, load_inventory
-from fleetctl.names import safe_text
+from fleetctl.names import tree_path
 from fleetctl.render import render_host, write_tree
 from fleetctl.report import print_text, to_json, to_markdown
 from fleetctl.results import HostResult, NoProgress, Progress
@@ -74,16 +74,6 @@ def _load(inventory: Optional[Path], blueprint: Optional[Path],
     if timeout_s is not None:
         inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
     return inv, bp
-
-
-def _tree_path(path: str, option: str) -> str:
-    """A path as drift shows them (relative to the managed tree), or an InputError."""
-    parts = path.rstrip("/").split("/")
-    if not path.rstrip("/") or path.startswith("/") or "\0" in path or \
-            any(p in ("", ".", "..") for p in parts):
-        raise InputError(f"{option} {path!r}: not a plain path relative to the managed tree",
-                         hint="name paths as drift shows them, e.g. runner/README")
-    return "/".join(parts)
 
 
 def _source(inv: Inventory, bp: Blueprint) -> SourceState:
@@ -186,13 +176,7 @@ def _guard(fn: Callable[[], int], debug: bool = False) -> None:
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error is reported
-        if debug:
-            err.print(traceback.format_exc(), markup=False, highlight=False)
-        err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
-                  markup=False, highlight=False, soft_wrap=True)
-        err.print("hint: please report this traceback" if debug else
-                  "hint: rerun with --debug for the traceback, and report it",
-                  markup=False, highlight=False)
+        print_internal_error(exc, debug)
         raise typer.Exit(EXIT_ERROR) from None
     raise typer.Exit(code)
 
@@ -278,7 +262,7 @@ def ship(
         source = _source(inv, bp)
         options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
                               renamed_from=renamed_from, skip_unreachable=skip_unreachable,
-                              force_paths=tuple(_tree_path(p, "--force-path")
+                              force_paths=tuple(tree_path(p, "--force-path")
                                                 for p in force_path or ()))
         refusal = source_refusal(source, options)
         if dry_run or refusal is not None:

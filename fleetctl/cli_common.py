@@ -64,3 +64,19 @@ ParallelOpt = typer.Option(8, "--parallel", "-p", min=1, help="Hosts at once.")
 TimeoutOpt = typer.Option(120.0, "--timeout", min=0.1,
                           help="Seconds per host for connecting and each operation.")
 DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
+
+
+def print_internal_error(exc: BaseException, debug: bool) -> None:
+    """Print an unexpected error as one line and a hint; the traceback only with ``--debug``.
+
+    Call from inside the ``except`` block (the traceback is the one being handled).
+    """
+    import traceback
+
+    if debug:
+        err.print(traceback.format_exc(), markup=False, highlight=False)
+    err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
+              markup=False, highlight=False, soft_wrap=True)
+    err.print("hint: please report this traceback" if debug else
+              "hint: rerun with --debug for the traceback, and report it",
+              markup=False, highlight=False)

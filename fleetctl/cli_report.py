@@ -119,17 +119,9 @@ def report_command(
                 print_error(again)
         raise typer.Exit(exc.exit_code) from None
     except Exception as exc:  # noqa: BLE001 - an internal error: no traceback without --debug
-        import traceback
+        from fleetctl.cli_common import print_internal_error
 
-        from fleetctl.names import safe_text
-
-        if debug:
-            err.print(traceback.format_exc(), markup=False, highlight=False)
-        err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
-                  markup=False, highlight=False, soft_wrap=True)
-        err.print("hint: please report this traceback" if debug else
-                  "hint: rerun with --debug for the traceback, and report it",
-                  markup=False, highlight=False)
+        print_internal_error(exc, debug)
         for kind, path in outputs:
             try:
                 nightly.write_whole(path, failure_document(

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from fleetctl.errors import HostError, PermissionDenied, ShipRefused
 from fleetctl.manifest import Entry, Manifest
+from fleetctl.names import valid_tree_path
 from fleetctl.transport.base import Channel, Transport
 
 # Reads the host-side program from stdin and runs it, so nothing is installed on the host and no
@@ -264,16 +265,6 @@ def error_from_event(label: str, event: dict) -> Exception:
     return HostError(message, hint="the previous release is still in use"
                      if event.get("step") not in (None, "scan", "lock") else None,
                      step=event.get("step"))
-
-
-def valid_tree_path(path: Any) -> bool:
-    """Whether ``path`` is a plain path relative to a managed tree: ``/``-separated names, none
-    empty, ``.`` or ``..``, no NUL (``"."`` alone stands for the root in ``unreadable``)."""
-    if not isinstance(path, str) or "\0" in path:
-        return False
-    if path == ".":
-        return True
-    return all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def read_scan(call: HostCall, events: Iterator[dict], state: LiveState | None = None,

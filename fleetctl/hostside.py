@@ -1277,8 +1277,7 @@ def ship_locked(root, command, state, scanned):
             emit({"t": "step", "name": step})
             flush()
             missing = [a for a in command["users"] if account_missing(a)]
-            if missing and state["current_kind"] in ("symlink", "foreign-symlink") and \
-                    not unchanged_since_scan(root, scanned, ignore):
+            if missing and edited_during_ship(root, state, scanned, ignore):
                 # A refusal (exit 3) writes nothing: checked before accounts are created.
                 raise Stop(step, "changed", "the current release was edited during the ship; "
                            "nothing was switched, run again to see the hand-patch")

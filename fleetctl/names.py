@@ -52,3 +52,29 @@ def printable(name: str) -> str:
 def safe_text(text: str) -> str:
     """``text`` with undecodable bytes escaped (newlines kept): for messages in documents."""
     return escape_name(text)[0]
+
+
+def valid_tree_path(path: object) -> bool:
+    """Whether ``path`` is a plain path relative to a managed tree: ``/``-separated names, none
+    empty, ``.`` or ``..``, no NUL (``"."`` alone stands for the root in ``unreadable``)."""
+    if not isinstance(path, str) or "\0" in path:
+        return False
+    if path == ".":
+        return True
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def tree_path(path: str, what: str) -> str:
+    """A path a person named, as drift shows them (a trailing ``/`` dropped), checked.
+
+    Raises:
+        InputError: empty, absolute, or with an empty, ``.`` or ``..`` part (``what`` says
+            where it came from: ``--force-path``, a backport argument).
+    """
+    from fleetctl.errors import InputError
+
+    cleaned = path.rstrip("/")
+    if not cleaned or path.startswith("/") or cleaned == "." or not valid_tree_path(cleaned):
+        raise InputError(f"{what} {path!r}: not a plain path relative to the managed tree",
+                         hint="name paths as drift shows them, e.g. runner/README")
+    return cleaned

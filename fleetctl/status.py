@@ -159,28 +159,11 @@ def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
 
 
 def _read_host(host: Any, status: HostStatus) -> None:
-    from fleetctl.hostcall import HostCall
-    from fleetctl.transport import open_transport
+    from fleetctl.hostops import run_op
 
-    request = {"op": "status", "root": host.root, "agents": [a.agent for a in status.agents]}
-    transport = open_transport(host)
-    transport.connect()
-    call = None
-    events = []
-    try:
-        call = HostCall(transport, host.python, request, host.timeout_s)
-        for event in call.events():
-            if event.get("t") == "status-end":
-                break
-            events.append(event)
-        else:
-            raise call.broken("the status ended early")
-        call.finish()
-    finally:
-        if call is not None:
-            call.kill()
-        transport.close()
-    apply_events(status, events)
+    events = run_op(host, {"op": "status", "agents": [a.agent for a in status.agents]},
+                    "status-end")
+    apply_events(status, events[:-1])
 
 
 def fleet_status(hosts: list[Any], parallel: int = 8) -> FleetStatus:
