@@ -128,7 +128,7 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
         from fleetctl.hostops import read_live_files as read
     wanted = [tree_path(p, "backport path") for p in paths or ()]
     tree = render_host(blueprint, host, with_credentials=False)
-    with host_session(host, "scan") as (_call, _events, state):
+    with host_session(host, "scan") as (_session, state):
         changes = changes_for(blueprint, tree, state)
     problem = identity_problem(host, state)
     if problem:

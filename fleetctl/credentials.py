@@ -28,21 +28,24 @@ from fleetctl.blueprint import Blueprint
 from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, Entry, sha256_digest
-from fleetctl.secrets import REDACTED, Secret, SecretStore, SecretUnavailable, source_kind
+from fleetctl.protocol import CREDENTIALS_TOP as CREDENTIALS_TOP
+from fleetctl.protocol import LEFTOVER_PREFIX as LEFTOVER_PREFIX
+from fleetctl.protocol import is_credential_path as is_credential_path
+from fleetctl.secrets import (
+    REDACTED,
+    Secret,
+    SecretStore,
+    SecretUnavailable,
+    source_kind,
+)
 from fleetctl.yamlfile import display_path
 
-CREDENTIALS_TOP = "credentials"
+# CREDENTIALS_TOP, LEFTOVER_PREFIX and is_credential_path (where credentials live, how a
+# leftover of an interrupted ship is named) are the host's rules too: defined once, in
+# fleetctl.protocol, and re-exported here for the client's modules.
 TOP_MODE = "0755"
 DIR_MODE = "0700"
 FILE_MODE = "0600"
-#: The name prefix of a credential file a ship writes before renaming it into place; one left
-#: behind by an interrupted ship is fleetctl's own (drift origin ``pending``).
-LEFTOVER_PREFIX = ".fleetctl-new-"
-
-
-def is_credential_path(path: str) -> bool:
-    """Whether a manifest path belongs to the credentials tree (not to a release)."""
-    return path == CREDENTIALS_TOP or path.startswith(CREDENTIALS_TOP + "/")
 
 
 def credentials_dir(host: Host, agent: Agent) -> str | None:

@@ -589,7 +589,7 @@ def scan_host(blueprint: Blueprint, host: Host, audit: HostAudit) -> None:
     from fleetctl.scan import desired_for, host_session
 
     tree = render_host(blueprint, host, missing_secrets_ok=True)  # live rules need no value
-    with host_session(host, "scan") as (_call, _events, state):
+    with host_session(host, "scan") as (_session, state):
         pass
     audit.scanned = True
     audit.findings += live_findings(blueprint, host, desired_for(tree, state), state.live,
@@ -621,7 +621,7 @@ def audit_credentials(blueprint: Blueprint, inventory: Inventory, hosts: list[Ho
         progress: an observer with ``host_started(name)``, ``host_step(name, step)`` and
             ``host_finished(result)`` (``result`` has ``host`` and ``status``), or ``None``.
     """
-    from fleetctl.hostcall import interrupt_all
+    from fleetctl.session import interrupt_all
 
     audits = static_audit(blueprint, hosts, inventory.path)
     if options.static_only:

@@ -1,7 +1,7 @@
 """Work over many hosts at once: one result per host, every host attempted, Ctrl-C handled.
 
 Python delivers Ctrl-C to the main thread only, so the main thread waits here in short slices;
-on Ctrl-C it ends every running host-side program (:func:`fleetctl.hostcall.interrupt_all`: a
+on Ctrl-C it ends every running host-side program (:func:`fleetctl.session.interrupt_all`: a
 ship not yet switched leaves the previous release in use), no new one starts, and every host is
 still reported.
 """
@@ -13,7 +13,7 @@ import signal
 import threading
 from typing import Callable, Sequence, TypeVar
 
-from fleetctl.hostcall import interrupt_all
+from fleetctl.session import interrupt_all
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -1,6 +1,6 @@
 """One short read-only (or lock-taking) operation of the host-side program, run to its end.
 
-``drift`` and ``ship`` keep a host session open across phases (:mod:`fleetctl.scan`,
+``drift`` and ``ship`` keep a :class:`~fleetctl.session.HostSession` open across phases (:mod:`fleetctl.scan`,
 :mod:`fleetctl.ship`); the day-two commands (``releases``, ``history``, ``rollback``, the live
 content behind ``drift --diff`` and ``backport``) each need one request and its events.
 """
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetctl.hostcall import HostCall
 from fleetctl.inventory import Host
-from fleetctl.transport import open_transport
+from fleetctl.session import open_session, run_to
 
 
 def run_op(host: Host, request: dict[str, Any], end: str) -> list[dict[str, Any]]:
@@ -29,22 +28,8 @@ def run_op(host: Host, request: dict[str, Any], end: str) -> list[dict[str, Any]
         ShipRefused: the operation needs the host's lock and another ship holds it, or it was
             refused by the host (a changed release).
     """
-    transport = open_transport(host)
-    transport.connect()
-    call = None
-    try:
-        call = HostCall(transport, host.python, {"root": host.root, **request}, host.timeout_s)
-        events = []
-        for event in call.events():
-            events.append(event)
-            if event.get("t") == end:
-                call.finish()
-                return events
-        raise call.broken(f"it ended before {end!r}")
-    finally:
-        if call is not None:
-            call.kill()
-        transport.close()
+    with open_session(host, request) as session:
+        return [event.as_dict() for event in run_to(session, end)]
 
 
 def read_live_files(host: Host, paths: list[str], max_bytes: int = 1 << 20

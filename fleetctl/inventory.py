@@ -18,12 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetctl.blueprint import Blueprint, Owner
 from fleetctl.errors import InputError
+from fleetctl.protocol import ACCOUNT_NAME_PATTERN
 from fleetctl.secrets import SecretSource, SecretStore
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # What useradd accepts on Debian by default (NAME_REGEX), at most 32 characters.
-_ACCOUNT = r"^[a-z_][a-z0-9_-]{0,31}$"
+_ACCOUNT = ACCOUNT_NAME_PATTERN
 _HOME = re.compile(r"^/[A-Za-z0-9/._+@-]*$")
 
 

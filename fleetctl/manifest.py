@@ -11,9 +11,10 @@ tree changing.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Mapping
+
+from fleetctl.protocol import manifest_digest, path_sort_key
 
 FILE = "file"
 DIR = "dir"
@@ -115,12 +116,11 @@ class Manifest:
         return cls(Entry.from_json(d) for d in data)
 
     def digest(self) -> str:
-        """Return a sha256 digest of the canonical JSON form; equal manifests, equal digests."""
-        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return sha256_digest(canonical.encode("utf-8", "surrogateescape"))
+        """Return a sha256 digest of the canonical JSON form; equal manifests, equal digests
+        (the host computes the same one: :func:`fleetctl.protocol.manifest_digest`)."""
+        return manifest_digest(self.to_json())
 
 
-def _sort_key(path: str) -> bytes:
-    # Sort by the on-disk bytes so the order is the same on every machine and locale, and a
-    # parent directory always sorts before its children.
-    return path.encode("utf-8", "surrogateescape").replace(b"/", b"\x00")
+# Sorted by the on-disk bytes so the order is the same on every machine and locale, and a
+# parent directory always sorts before its children; the host sorts the same way.
+_sort_key = path_sort_key

@@ -22,7 +22,7 @@ from fleetctl.names import printable
 from fleetctl.source import Ancestry
 
 if TYPE_CHECKING:
-    from fleetctl.hostcall import LiveState
+    from fleetctl.livestate import LiveState
     from fleetctl.inventory import Host
 
 READY, NO_OP, REFUSED, ERROR, INCOMPLETE = "ready", "no-op", "refused", "error", "incomplete"

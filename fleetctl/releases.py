@@ -19,9 +19,9 @@ from typing import Any
 from fleetctl.errors import HostError
 from fleetctl.hostops import run_op
 from fleetctl.inventory import Host
+from fleetctl.protocol import RELEASE_ID as _RELEASE_ID
 from fleetctl.source import operator, utc_now
 
-_RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
-from fleetctl.hostcall import Unreadable
+from fleetctl.livestate import Unreadable
 from fleetctl.diffs import FileDiff
 from fleetctl.source import Ancestry
 

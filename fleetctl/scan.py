@@ -4,46 +4,37 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import LEFTOVER_PREFIX, is_credential_path
 from fleetctl.drift import PENDING, Change, compare
-from fleetctl.hostcall import HostCall, LiveState, read_scan
 from fleetctl.inventory import Host
+from fleetctl.livestate import LiveState, read_scan
 from fleetctl.manifest import FILE, Manifest
 from fleetctl.render import DesiredTree
-from fleetctl.transport import open_transport
+from fleetctl.session import HostSession, open_session
 
 
 @contextlib.contextmanager
 def host_session(host: Host, op: str, extra: dict[str, Any] | None = None
-                 ) -> Iterator[tuple[HostCall, Iterator[dict], LiveState]]:
-    """Connect, start the host-side program with ``op`` (``scan`` or ``ship``) and read the scan.
+                 ) -> Iterator[tuple[HostSession, LiveState]]:
+    """Connect, start the host program with ``op`` (``scan`` or ``ship``) and read the scan.
 
     ``extra`` adds keys to the request (a dry run's read-only look at a host's units). The
     agents' own accounts are always asked about (:func:`accounts_request`).
 
-    Yields ``(call, events, state)``; the caller may go on reading ``events`` (a ship does). The
-    call is ended and the connection closed on exit, whatever happened.
+    Yields ``(session, state)``; the caller may go on reading the session's events. The
+    program is ended and the connection closed on exit, whatever happened.
 
     Raises:
         HostError: unreachable host, bad host key, host-side failure or timeout.
         ShipRefused: ``op`` is ``ship`` and another ship holds the host's lock.
     """
-    transport = open_transport(host)
-    transport.connect()
-    call = None
-    try:
-        request = {"op": op, "root": host.root, **accounts_request(host), **(extra or {})}
-        call = HostCall(transport, host.python, request, host.timeout_s)
-        events = call.events()
-        state = read_scan(call, events)
-        yield call, events, state
-    finally:
-        if call is not None:
-            call.kill()
-        transport.close()
+    request = {"op": op, **accounts_request(host), **(extra or {})}
+    with open_session(host, request) as session:
+        yield session, read_scan(session)
 
 
 def accounts_request(host: Host) -> dict[str, list[dict[str, str]]]:

@@ -4,7 +4,7 @@ A host whose inventory says ``service: systemd`` gets one unit per agent,
 ``fleet-runner-<agent>.service``, rendered from ``templates/fleet-runner.service.j2`` with the
 same variables as the agent's config (:func:`fleetctl.render.agent_context`). Units live in the
 host's ``systemd_unit_dir``, outside the managed root: they are not part of the desired tree, of
-a release, or of drift. The ship's ``services`` step (``fleetctl/hostside.py``, after the switch)
+a release, or of drift. The ship's ``services`` step (``fleetctl/host/services.py``, after the switch)
 writes the units that differ, removes ``fleet-runner-*.service`` files no agent wants any more,
 and enables and (re)starts every wanted unit; ``docs/layout.md`` describes it.
 """
@@ -18,11 +18,10 @@ from fleetctl.blueprint import Blueprint
 from fleetctl.errors import InputError
 from fleetctl.inventory import Host
 from fleetctl.manifest import sha256_digest
+from fleetctl.protocol import UNIT_PREFIX, UNIT_SUFFIX
 from fleetctl.render import agent_context, render_template
 
 UNIT_TEMPLATE = "fleet-runner.service.j2"
-UNIT_PREFIX = "fleet-runner-"
-UNIT_SUFFIX = ".service"
 
 # What may be substituted into a unit file unquoted or inside "...": systemd gives meaning to
 # %, $, quotes, backslashes and whitespace in unit files, so a value carrying one is refused

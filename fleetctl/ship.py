@@ -20,7 +20,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
@@ -34,8 +34,9 @@ from fleetctl.errors import (
     ShipRefused,
 )
 from fleetctl.fanout import fan_out, wait_interruptible
-from fleetctl.hostcall import HostCall, LiveState, encode_json, frame, read_scan
+from fleetctl.hostevents import Done, Step, WarningEvent
 from fleetctl.inventory import Host
+from fleetctl.livestate import LiveState, read_scan
 from fleetctl.names import printable
 from fleetctl.manifest import Manifest
 from fleetctl.plan import (
@@ -49,6 +50,7 @@ from fleetctl.plan import (
     identity_problem,
     plan_ship,
 )
+from fleetctl.protocol import ACCOUNT, PREPARED, SERVICES
 from fleetctl.render import render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
 from fleetctl.scan import (
@@ -59,6 +61,7 @@ from fleetctl.scan import (
     host_session,
 )
 from fleetctl.services import render_units, services_request
+from fleetctl.session import HostSession
 from fleetctl.source import SourceState, ancestry, operator, utc_now
 from fleetctl.transport import open_transport
 
@@ -77,7 +80,7 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
     """
     tree = render_host(blueprint, host, missing_secrets_ok=True)
     progress.host_step(host.name, "scan")
-    with host_session(host, "scan") as (call, _events, state):
+    with host_session(host, "scan") as (_session, state):
         changes = changes_for(blueprint, tree, state)
     problem = identity_problem(host, state)
     if problem:
@@ -166,9 +169,6 @@ def source_refusal(source: SourceState, options: ShipOptions) -> ShipRefused | N
     return ShipRefused(f"the source is not a clean commit: {shown}", hint=hint)
 
 
-SEND_CHUNK_BYTES = 1 << 18  # 256 KiB per write: bounded memory and steady flow control
-
-
 class HostShip:
     """One host's part of a fleet ship, carried out in phases the fleet keeps in step.
 
@@ -188,8 +188,7 @@ class HostShip:
         self.source, self.progress = source, progress
         self.result = HostResult(host.name, "planning")
         self._transport = None
-        self._call: HostCall | None = None
-        self._events: Iterator[dict] | None = None
+        self._session: HostSession | None = None
         self._state = LiveState()
         self._command: dict | None = None
         self._blobs: list[str] = []
@@ -206,29 +205,29 @@ class HostShip:
         self._transport = open_transport(self.host)
         self._transport.connect()
         request = {"op": "ship", "root": self.host.root, **accounts_request(self.host)}
-        self._call = HostCall(self._transport, self.host.python, request, self.host.timeout_s)
-        self._events = self._call.events()
-        self._call.pause()
+        self._session = HostSession(self._transport, self.host.python, request,
+                                    self.host.timeout_s)
+        self._session.pause()
         self._phase = "open"
         self.result.step = None
 
     def lock(self) -> None:
         """Take the host's lock (ShipRefused, kind ``locked``, when another ship holds it)."""
-        assert self._call is not None and self._events is not None
+        assert self._session is not None
         self.progress.host_step(self.host.name, "lock")
-        self._call.arm()
-        self._send(frame(encode_json({"cmd": "lock"})))
-        read_scan(self._call, self._events, self._state, until="locked")
-        self._call.pause()
+        self._session.arm()
+        self._send({"cmd": "lock"})
+        read_scan(self._session, self._state, until="locked")
+        self._session.pause()
         self._phase = "locked"
 
     def plan(self) -> None:
         """Read the scan and decide: ``ready``, ``no-op``, ``services``, or a refusal/error."""
-        assert self._call is not None and self._events is not None
+        assert self._session is not None
         self.progress.host_step(self.host.name, "scan")
-        self._call.arm()
-        state = read_scan(self._call, self._events, self._state)
-        self._call.pause()
+        self._session.arm()
+        state = read_scan(self._session, self._state)
+        self._session.pause()
         self._phase = "scanned"
         host, options, tree = self.host, self.options, self.tree
         result = self.result
@@ -277,13 +276,13 @@ class HostShip:
         """Send the command and the content; follow the host's steps up to ``prepared``."""
         if self._command is None or self._command["cmd"] != "ship":
             return
-        assert self._call is not None and self._events is not None
+        assert self._session is not None
         self.progress.host_step(self.host.name, "send")
         self.result.accounts = []  # from here on: what the ship created (events from the host)
         self._phase = "preparing"
-        self._call.arm()
+        self._session.arm()
         try:
-            self._call.send(frame(encode_json(self._command)))
+            self._session.send_json(self._command)
             for blob in self._blobs:
                 self._send_content(blob, self.tree.contents[blob])
             for digest in self._secrets:
@@ -291,67 +290,60 @@ class HostShip:
         except OSError:
             pass  # the host stopped reading; its error event below says why
         self._follow(until="prepared")
-        self._call.pause()
+        self._session.pause()
         self._phase = "prepared"
 
     def commit(self) -> None:
         """Tell a prepared host to switch (or a no-op systemd host to fix its units)."""
-        assert self._call is not None
+        assert self._session is not None
         self._phase = "committing"
-        self._call.arm()
+        self._session.arm()
         if self._command is None:  # nothing to do: let the host-side program end cleanly
-            self._send(frame(encode_json({"cmd": "abort"})))
+            self._send({"cmd": "abort"})
         elif self._command["cmd"] == "services":
-            self._send(frame(encode_json(self._command)))
+            self._send(self._command)
         else:
-            self._send(frame(encode_json({"cmd": "commit"})))
+            self._send({"cmd": "commit"})
         self._follow(until="done")
         self._phase = "done"
 
     def abort(self) -> None:
         """Call this host's part off; whatever it prepared is removed, nothing switches."""
-        if self._call is None or self._phase in ("done", "new"):
+        if self._session is None or self._phase in ("done", "new"):
             return
         try:
-            self._call.arm()
+            self._session.arm()
             if self._phase in ("open", "locked", "scanned", "prepared"):
                 message = {"open": {"cmd": "stop"}}.get(self._phase, {"cmd": "abort"})
-                self._call.send(frame(encode_json(message)))
-                for _ in self._events or ():
+                self._session.send_json(message)
+                for _ in self._session.events():
                     pass
-            self._call.finish()
+            self._session.finish()
         except (OSError, FleetctlError):
             pass
         finally:
-            self._call.kill()
+            self._session.kill()
             self._phase = "done"
 
     def _send_content(self, digest: str, data: bytes) -> None:
-        """Send one content frame in bounded chunks, never copying ``data`` as a whole.
-
-        Slices of a memoryview share the buffer: sending the rest of a large file packet by
-        packet costs no copy of it (a ``bytes`` slice per packet made a 64 MiB file take 30 s).
-        """
-        assert self._call is not None
-        self._call.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
-        view = memoryview(data)
-        for start in range(0, len(view), SEND_CHUNK_BYTES):
-            self._call.send(view[start:start + SEND_CHUNK_BYTES])
+        """Send one content frame (in bounded slices: :meth:`HostSession.send_content`)."""
+        assert self._session is not None
+        self._session.send_content(digest, data)
         self.result.sent_bytes += len(data)
         self.result.sent_files += 1
 
-    def _send(self, data: bytes) -> None:
-        """Write to the host-side program; if it has gone, its events say why."""
-        assert self._call is not None
+    def _send(self, command: dict) -> None:
+        """Send one command to the host program; if it has gone, its events say why."""
+        assert self._session is not None
         try:
-            self._call.send(data)
+            self._session.send_json(command)
         except OSError:
             pass
 
     def close(self) -> None:
         """End the host-side program (if still running) and the connection."""
-        if self._call is not None:
-            self._call.kill()
+        if self._session is not None:
+            self._session.kill()
         if self._transport is not None:
             self._transport.close()
 
@@ -361,29 +353,28 @@ class HostShip:
         Raises:
             HostError, ShipRefused: the host's error, or the output ended early.
         """
-        assert self._call is not None and self._events is not None
+        assert self._session is not None
         result, command = self.result, self._command or {}
         try:
-            for event in self._events:
-                kind = event.get("t")
-                if kind == "step":
-                    result.step = event["name"]
-                    self.progress.host_step(result.host, event["name"])
-                elif kind == "warning":
-                    result.warnings.append(event["message"])
-                elif kind == "account":
-                    result.accounts.append(_account_line(event))
-                elif kind == "services":
-                    result.services = ServiceActions(*(tuple(event[k]) for k in (
+            for event in self._session.events():
+                if isinstance(event, Step):
+                    result.step = event.name
+                    self.progress.host_step(result.host, event.name)
+                elif isinstance(event, WarningEvent):
+                    result.warnings.append(event.message)
+                elif event.t == ACCOUNT:
+                    result.accounts.append(_account_line(event.raw))
+                elif event.t == SERVICES:
+                    result.services = ServiceActions(*(tuple(event.raw[k]) for k in (
                         "installed", "removed", "restarted", "started")))
-                elif kind == "prepared" and until == "prepared":
+                elif event.t == PREPARED and until == PREPARED:
                     return
-                elif kind == "done":
+                elif isinstance(event, Done):
                     if command.get("cmd") == "ship":
-                        result.status, result.release = "shipped", event["release"]
-                    result.pruned = event["pruned"]
+                        result.status, result.release = "shipped", event.release
+                    result.pruned = list(event.pruned)
                     result.step = None
-                    self._call.finish()
+                    self._session.finish()
                     return
         except HostError as exc:
             self._fail(exc)
@@ -396,7 +387,7 @@ class HostShip:
             after = "the new release is in use"  # these steps come after the switch
         else:
             after = "the previous release stays in use"
-        exc = self._call.broken(f"it ended during step {result.step or 'send'}; {after}")
+        exc = self._session.broken(f"it ended during step {result.step or 'send'}; {after}")
         self._fail(exc)
         raise exc
 
@@ -432,7 +423,7 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
     units = render_units(blueprint, host)
     progress.host_step(host.name, "scan")
     probe = services_request(host, units, with_content=False) if units is not None else None
-    with host_session(host, "scan", probe) as (_call, _events, state):
+    with host_session(host, "scan", probe) as (_session, state):
         desired = desired_for(tree, state)
         changes = changes_for(blueprint, tree, state)
     found = ancestry(source, state.commit)

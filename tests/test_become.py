@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl.hostcall import BOOTSTRAP
+from fleetctl.bundle import BOOTSTRAP
 from tests.helpers import cli, make_project, snapshot, ssh_host, write_inventory
 from tests.sshd_boxes import write_known_hosts
 

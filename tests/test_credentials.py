@@ -621,7 +621,7 @@ def test_what_an_agent_plants_in_its_own_directory_is_seen_and_never_followed(fl
 
 def test_a_fifo_swapped_in_never_hangs_the_scan():
     """The host-side hash opens without blocking and refuses what is no longer a plain file."""
-    from fleetctl import hostside
+    from fleetctl.host.walk import file_digest
 
     top = Path(tempfile.mkdtemp(prefix="fleetctl-fifo-"))
     try:
@@ -630,7 +630,7 @@ def test_a_fifo_swapped_in_never_hangs_the_scan():
 
         def digest():
             try:
-                hostside.file_digest(os.fsencode(top / "f"))
+                file_digest(os.fsencode(top / "f"))
             except OSError as exc:
                 done["error"] = exc
 
@@ -642,9 +642,13 @@ def test_a_fifo_swapped_in_never_hangs_the_scan():
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_the_host_side_and_fleetctl_agree_on_the_leftover_prefix():
-    """hostside.py imports nothing of fleetctl, so the name is written twice: they must match."""
-    from fleetctl import hostside
-    from fleetctl.credentials import LEFTOVER_PREFIX
+def test_the_host_program_carries_the_shared_protocol_module():
+    """The leftover prefix (and every other shared rule) is defined once, in fleetctl.protocol:
+    the host program imports that module, and the payload sent to a host holds its source."""
+    from fleetctl import bundle, protocol
+    from fleetctl.host import credentials as host_credentials
 
-    assert hostside.CREDS_NEW == LEFTOVER_PREFIX.encode()
+    sources = bundle.host_sources()
+    assert sources["fleetctl.protocol"] == (False, Path(protocol.__file__).read_text())
+    assert "from fleetctl import protocol" in sources["fleetctl.host.credentials"][1]
+    assert host_credentials.CREDS_NEW == b".fleetctl-new-"

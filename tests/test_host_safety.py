@@ -393,8 +393,9 @@ def test_a_credential_file_with_a_242_byte_name_ships_rotates_and_leaves_nothing
 
     import yaml
 
-    from fleetctl import hostside
     from fleetctl.credentials import LEFTOVER_PREFIX
+    from fleetctl.host.credentials import CREDS_NEW
+    from fleetctl.host.files import temp_name
 
     assert len(LONG_NAME.encode()) == 242
     base = Path(tempfile.mkdtemp(prefix="fleetctl-longname-"))
@@ -418,7 +419,7 @@ def test_a_credential_file_with_a_242_byte_name_ships_rotates_and_leaves_nothing
             assert os.listdir(agent_dir) == [LONG_NAME]
             assert (agent_dir / LONG_NAME).read_bytes() == f"KEY={value}\n".encode()
             assert drift(inv, bp).code == 0
-        leftover_name = hostside.temp_name(hostside.CREDS_NEW, LONG_NAME.encode())
+        leftover_name = temp_name(CREDS_NEW, LONG_NAME.encode())
         assert len(leftover_name) <= 255 and leftover_name.startswith(LEFTOVER_PREFIX.encode())
         (agent_dir / os.fsdecode(leftover_name)).write_bytes(b"KEY=first-value\n")
         found = drift(inv, bp)
@@ -436,12 +437,12 @@ def test_every_temporary_name_fits_for_any_valid_final_name(prefix, suffix):
     """For every final name length 1..255 the temporary name is at most 255 bytes, keeps its
     prefix and suffix, is the plain ``prefix + name + suffix`` whenever that fits, and differs
     for different names."""
-    from fleetctl import hostside
+    from fleetctl.host.files import temp_name
 
     seen = set()
     for length in range(1, 256):
         name = b"n" * length
-        tmp = hostside.temp_name(prefix, name, suffix)
+        tmp = temp_name(prefix, name, suffix)
         assert len(tmp) <= 255 and tmp.startswith(prefix) and tmp.endswith(suffix)
         if len(prefix + name + suffix) <= 255:
             assert tmp == prefix + name + suffix
@@ -453,7 +454,7 @@ def test_every_temporary_name_fits_for_any_valid_final_name(prefix, suffix):
 
 
 def _walk(top: Path, on_entry=None):
-    from fleetctl import hostside
+    from fleetctl.host.walk import walk
 
     seen, bad = [], []
 
@@ -462,7 +463,7 @@ def _walk(top: Path, on_entry=None):
         if on_entry:
             on_entry(entry)
 
-    hostside.walk(os.fsencode(top), sink, lambda rel, exc: bad.append((rel, exc.errno)))
+    walk(os.fsencode(top), sink, lambda rel, exc: bad.append((rel, exc.errno)))
     return sorted(seen), bad
 
 

@@ -1,11 +1,12 @@
-"""Pieces of the host-side program that stand on their own."""
+"""Pieces of the host program (fleetctl.host) that stand on their own."""
 
 from __future__ import annotations
 
 import pathspec
 import pytest
 
-from fleetctl import hostside
+from fleetctl.host import files as host_files
+from fleetctl.host import ship as host_ship
 from fleetctl.blueprint import load_blueprint
 from fleetctl.drift import Change
 from fleetctl.manifest import Entry, Manifest
@@ -24,11 +25,11 @@ def test_host_side_ignore_matches_pathspec(tmp_path):
     """The host applies .fleetignore with the regexes pathspec compiled, with its verdicts."""
     bp = make_project(tmp_path, {}, fleetignore="\n".join(PATTERNS) + "\n")
     blueprint = load_blueprint(bp)
-    ignore = hostside.compile_ignore(ignore_regexes(blueprint))
+    ignore = host_ship.compile_ignore(ignore_regexes(blueprint))
     spec = pathspec.PathSpec.from_lines("gitignore", PATTERNS)
     for path, kind in PATHS:
         expected = spec.match_file(path + "/" if kind == "dir" else path)
-        assert hostside.is_ignored(ignore, {"path": path, "type": kind}) == expected, path
+        assert host_ship.is_ignored(ignore, {"path": path, "type": kind}) == expected, path
 
 
 def test_plan_digest_sees_a_hand_patch_edited_again():
@@ -48,7 +49,7 @@ def test_copies_are_new_inodes_with_the_same_bytes(tmp_path, data):
     src = tmp_path / "src"
     src.write_bytes(data)
     dest = tmp_path / "dest"
-    hostside.write_file(bytes(dest), bytes(src), (-1, -1), 0o640)
+    host_files.write_file(bytes(dest), bytes(src), (-1, -1), 0o640)
     assert dest.read_bytes() == data
     assert dest.stat().st_ino != src.stat().st_ino
     assert dest.stat().st_mode & 0o7777 == 0o640

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fleetctl.drift import compare
-from fleetctl.hostcall import LiveState, Unreadable
+from fleetctl.livestate import LiveState, Unreadable
 from fleetctl.inventory import Host
 from fleetctl.manifest import Entry, Manifest
 from fleetctl.plan import PlanOptions, plan_ship

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fleetctl.errors import EXIT_ERROR, FleetctlError, InputError
-from fleetctl.hostcall import HostCall
 from fleetctl.inventory import Host, load_inventory
 from fleetctl.results import HostResult
+from fleetctl.session import open_session
 from fleetctl.tokens.deadweight import Declared, call_counts_problem, summarise_calls
-from fleetctl.transport import open_transport
 
 SCHEMA_VERSION = 1
 MALFORMED_QUOTED = 3
@@ -261,16 +260,12 @@ def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | N
         HostError: unreachable host, host-side failure, timeout, or output that ended early.
     """
     by_name = {a.agent: a for a in ledgers}
-    request: dict[str, Any] = {"op": "ledgers", "root": host.root, "agents": list(by_name)}
+    request: dict[str, Any] = {"op": "ledgers", "agents": list(by_name)}
     if since is not None:
         request["since"] = since
-    transport = open_transport(host)
-    transport.connect()
-    call = None
-    try:
-        call = HostCall(transport, host.python, request, host.timeout_s)
-        for event in call.events():
-            kind = event.get("t")
+    with open_session(host, request) as session:
+        for host_event in session.events():
+            kind, event = host_event.t, host_event.raw
             mine = by_name.get(event.get("agent"))
             if kind == "ledger" and mine is not None:
                 mine.add_line(event["line"])
@@ -286,12 +281,8 @@ def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | N
             elif kind == "ledgers-end":
                 break
         else:
-            raise call.broken("the ledgers ended early")
-        call.finish()
-    finally:
-        if call is not None:
-            call.kill()
-        transport.close()
+            raise session.broken("the ledgers ended early")
+        session.finish()
 
 
 def live_tokens(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),

@@ -1,0 +1,134 @@
+"""Writing files: copies with explicit owner and mode, JSON records, temporary names."""
+
+import errno
+import hashlib
+import json
+import os
+
+from fleetctl.host.wire import CHUNK_BYTES, with_path
+
+
+def write_file(dest, source, owner, mode):
+    """Create ``dest`` as a copy of the file ``source`` with explicit owner and mode.
+
+    Created 0600 from the first byte (O_EXCL, no umask involved), so it is never wider than its
+    final mode while content is written; chown before chmod, since chown clears setuid bits.
+    The copy is made in the kernel (copy_file_range; a reflink where the filesystem can):
+    always a new inode, never a hard link.
+
+    Raises:
+        OSError naming ``dest`` (or ``source`` when that cannot be opened), also for the calls
+        on an fd (copy, fchown, fchmod), which carry no file name of their own.
+    """
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            copy_fd(src, fd)
+        finally:
+            os.close(src)
+        uid, gid = owner
+        if uid != -1:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, dest)
+    finally:
+        os.close(fd)
+
+
+NAME_MAX = 255  # bytes in one name: the limit of Linux's common file systems (ext4, xfs, tmpfs)
+
+
+TEMP_HASH_HEX = 32  # hex digits of sha256 standing in for a final name too long to extend
+
+
+def name_max(directory):
+    """The longest name (bytes) the file system of ``directory`` allows; NAME_MAX if unknown."""
+    try:
+        return min(os.pathconf(directory, "PC_NAME_MAX"), NAME_MAX)
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def temp_name(prefix, name, suffix=b"", limit=NAME_MAX):
+    """The temporary name (bytes) of the final name ``name``: ``prefix + name + suffix``, or,
+    when that is longer than ``limit`` bytes, ``prefix`` + the first TEMP_HASH_HEX hex digits
+    of sha256(name) + ``suffix``. Any valid final name thus has a temporary name that fits, the
+    same one each time, and it always starts with ``prefix``, which is how a leftover of an
+    interrupted ship is recognised (``CREDS_NEW``)."""
+    full = prefix + name + suffix
+    if len(full) <= limit:
+        return full
+    return prefix + hashlib.sha256(name).hexdigest()[:TEMP_HASH_HEX].encode("ascii") + suffix
+
+
+def write_all(fd, data):
+    """Write all of ``data``: os.write may write less (a nearly full disk), never assume it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def copy_fd(src, dst):
+    size = os.fstat(src).st_size
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            left = size
+            while left > 0:
+                done = copy_range(src, dst, min(left, 1 << 30))
+                if done == 0:
+                    break
+                left -= done
+            if left == 0:
+                return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        os.lseek(src, 0, os.SEEK_SET)
+        os.lseek(dst, 0, os.SEEK_SET)
+        os.ftruncate(dst, 0)
+    while True:
+        block = os.read(src, CHUNK_BYTES)
+        if not block:
+            return
+        write_all(dst, block)
+
+
+def write_json(final, body, mode):
+    """Write ``body`` as JSON to ``final`` (bytes path) with ``mode``: to json_tmp_path(final),
+    fsynced, then renamed over ``final``. OSError names the file that failed."""
+    tmp = json_tmp_path(final)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    data = json.dumps(body, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, tmp)
+    finally:
+        os.close(fd)
+    os.rename(tmp, final)
+
+
+def json_tmp_path(final):
+    """Where write_json writes ``final`` before renaming it: ``<final>.tmp``, name shortened by
+    temp_name when too long."""
+    head, name = os.path.split(final)
+    return os.path.join(head, temp_name(b"", name, b".tmp"))
+
+
+def fsync_dir(path):
+    """fsync the directory ``path``; OSError names it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise with_path(exc, path)
+    finally:
+        os.close(fd)
+

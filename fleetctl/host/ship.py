@@ -1,0 +1,284 @@
+"""A ship under the host's lock: the steps from ``prepare`` to ``prune``.
+
+After the scan the client sends a command: ``services`` (nothing to ship, bring the runners'
+units in line), ``ship`` (a release to build), or anything else (stop). A ship emits ``step``
+events ``prepare``, ``receive``, ``users`` (when the command lists users), ``assemble``,
+``verify``, then ``prepared`` and waits for ``commit`` (any other command aborts: what was
+staged is removed); then ``record``, ``credentials`` (when either tree has credentials),
+``switch``, ``services`` (with ``units``), ``prune`` and ``done``.
+"""
+
+import errno
+import os
+import re
+
+from fleetctl.host.accounts import account_missing, ensure_account
+from fleetctl.host.credentials import apply_credentials
+from fleetctl.host.files import fsync_dir, temp_name
+from fleetctl.host.remove import force_rmtree, mount_points, mounts_under, real_path
+from fleetctl.host.services import services_problem, services_step
+from fleetctl.host.stage import (
+    assemble,
+    cleanup,
+    receive_blobs,
+    receive_secrets,
+    switch,
+    verify,
+    write_record,
+)
+from fleetctl.host.state import (
+    append_history,
+    creds_record_path,
+    last_shipped,
+    record_path,
+    write_identity,
+)
+from fleetctl.host.walk import walk
+from fleetctl.host.wire import (
+    STATE_DIR_B,
+    Aborted,
+    Stop,
+    dec,
+    enc,
+    os_error_text,
+    read_json_frame,
+)
+from fleetctl.protocol import is_credential_path, manifest_digest
+
+
+def prune(emit, root, keep, current):
+    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids.
+
+    A release with a mount point inside it (a directory someone mounted there) is kept whole,
+    record included, and reported in a ``warning`` naming the mount point: it stays a complete
+    release, pruned by the first ship after the unmount. Nothing is removed on another mount
+    (see remove_tree), and a release that cannot be removed does not stop the others.
+    """
+    releases_dir = os.path.join(root, b"releases")
+    names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
+    points = mount_points()
+    removed = []
+    # Never the release in use, nor the last one a ship put in use (after a rollback the
+    # newer release is kept: it is the way forward again).
+    protected = {current, last_shipped(root)}
+    for name in names[:-keep] if keep > 0 else names:
+        if name in protected:
+            continue
+        top = os.path.join(releases_dir, name)
+        inside = mounts_under(points, real_path(top))
+        if inside:
+            emit({"t": "warning", "message": "kept release {}: {} is a mount point inside it "
+                  "(fleetctl removes nothing on another mount); unmount it and the next ship "
+                  "prunes the release".format(dec(name), ", ".join(dec(p) for p in inside))})
+            continue
+        # The record goes first: a half-removed release must never look like a rollback target.
+        try:
+            for record in (record_path(root, name), creds_record_path(root, name)):
+                if os.path.lexists(record):
+                    os.unlink(record)
+            if not force_rmtree(emit, top):  # a mount that appeared since the check: reported there
+                removed.append(dec(name))
+        except OSError as exc:  # one stuck release must not stop the others being pruned
+            path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
+                exc.filename, bytes) else exc.filename
+            emit({"t": "warning", "message":
+                  f"could not prune release {dec(name)}: {os_error_text(exc)} ({path})"})
+    return removed
+
+
+def unchanged_since_scan(root, scanned, ignore):
+    """Re-hash ``current`` under the lock: a hand-patch made during the ship is never lost.
+
+    Paths ``.fleetignore`` hides (runtime files such as ``__pycache__/``) may come and go.
+    """
+    again = []
+    problems = []
+    walk(os.path.join(root, b"current/"), again.append, lambda rel, exc: problems.append(rel))
+    kept = lambda entries: [e for e in entries if not is_ignored(ignore, e)]
+    return not problems and manifest_digest(kept(again)) == manifest_digest(kept(scanned))
+
+
+def layout_problem(root, state):
+    what = "directory" if state["current_kind"] == "dir" else "file or special file"
+    return (f"{dec(root)}/current is a {what}, not a release symlink; move it aside to adopt "
+            "this host")
+
+
+def compile_ignore(patterns):
+    return [(re.compile(rx), include) for rx, include in patterns]
+
+
+def is_ignored(ignore, entry):
+    # gitignore semantics as pathspec compiles them: the last matching pattern decides.
+    path = entry["path"] + ("/" if entry["type"] == "dir" else "")
+    verdict = False
+    for rx, include in ignore:
+        if rx.match(path):
+            verdict = include
+    return verdict
+
+
+def do_ship(emit, inp, root, request, state, scanned, lock_fd, created_root):
+    """Read the client's command and carry it out under the lock taken before the scan."""
+    try:
+        command = read_json_frame(inp)
+        if command.get("cmd") == "services":
+            # Nothing to ship, but the runners' units are brought in line (under the lock).
+            emit({"t": "step", "name": "services"})
+            services_step(emit, command, restart_all=False)
+            emit({"t": "done", "release": None, "pruned": []})
+            return 0
+        if command.get("cmd") != "ship":
+            emit({"t": "done", "release": None, "pruned": []})
+            return 0
+        return ship_locked(emit, inp, root, command, state, scanned)
+    finally:
+        os.close(lock_fd)
+
+
+def ship_locked(emit, inp, root, command, state, scanned):
+    ignore = compile_ignore(command.get("ignore", []))
+    release = enc(command["release"])
+    releases_dir = os.path.join(root, b"releases")
+    stage = os.path.join(releases_dir, temp_name(b".staging-", release))
+    blob_dir = os.path.join(root, STATE_DIR_B, temp_name(b"incoming-", release))
+    current_dir = os.path.join(root, b"current")
+    step = "prepare"
+    try:
+        emit({"t": "step", "name": step})
+        if command.get("units") is not None:
+            # A unit directory or systemctl that cannot work fails here, before anything is
+            # written, rather than in the services step after the switch.
+            problem = services_problem(command)
+            if problem:
+                raise Stop(step, problem[0], problem[1])
+        for path in (os.path.join(root, STATE_DIR_B), releases_dir):
+            if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+                # Assembling and recording would write through it, outside the root.
+                raise Stop(step, "layout", f"{dec(path)} is not a directory of the root "
+                           "(a symlink or a "
+                           "file): fleetctl writes nothing through it; move it aside", dec(path))
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o755)
+                os.chmod(path, 0o755)
+        # Left by an interrupted ship; we hold the lock, so nothing else is using them.
+        for name in os.listdir(releases_dir):
+            if name.startswith(b".staging-"):
+                force_rmtree(emit, os.path.join(releases_dir, name))
+        state_dir = os.path.join(root, STATE_DIR_B)
+        for name in os.listdir(state_dir):
+            if name.startswith(b"incoming-"):
+                force_rmtree(emit, os.path.join(state_dir, name))
+        if os.path.lexists(os.path.join(releases_dir, release)):
+            raise Stop(step, "failed", f"release {dec(release)} already exists")
+        tree = [e for e in command["desired"] if not is_credential_path(e["path"])]
+        creds = [e for e in command["desired"] if is_credential_path(e["path"])]
+        step = "receive"
+        emit({"t": "step", "name": step})
+        receive_blobs(inp, blob_dir, command["blob_count"])
+        # Secrets stay in this process's memory: never in the blob directory, never on disk
+        # anywhere but their final file.
+        secrets = receive_secrets(inp, command.get("secret_count", 0))
+        if command.get("users"):
+            step = "users"
+            emit({"t": "step", "name": step})
+            missing = [a for a in command["users"] if account_missing(a)]
+            if missing and edited_during_ship(root, state, scanned, ignore):
+                # A refusal (exit 3) writes nothing: checked before accounts are created.
+                raise Stop(step, "changed", "the current release was edited during the ship; "
+                           "nothing was switched, run again to see the hand-patch")
+            for account in command["users"]:
+                ensure_account(emit, account)
+        step = "assemble"
+        emit({"t": "step", "name": step})
+        assemble(stage, tree, command["sources"], blob_dir, current_dir)
+        step = "verify"
+        emit({"t": "step", "name": step})
+        try:
+            verify(stage, tree)
+        except Stop:
+            # A file copied from the release in use after a person edited it differs from
+            # the plan: that is a hand-patch made during the ship, refused like one.
+            if edited_during_ship(root, state, scanned, ignore):
+                raise Stop(step, "changed", "the current release was edited during the ship; "
+                           "nothing was switched, run again to see the hand-patch")
+            raise
+        # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
+        # of a ship's time): the release must be on disk before it can become current.
+        os.sync()
+        if edited_during_ship(root, state, scanned, ignore):
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
+        # Two-phase across the fleet: this host is ready to switch; the client says commit
+        # only once every host it ships is ready, so no host switches while another failed.
+        # Until then the release stays a staging directory: a ship killed here leaves only a
+        # leftover the next ship removes, never a release that looks shipped.
+        emit({"t": "prepared", "release": dec(release)})
+        step = "commit"
+        go = read_json_frame(inp)
+        if go.get("cmd") != "commit":
+            raise Aborted()
+        step = "record"
+        emit({"t": "step", "name": step})
+        os.rename(stage, os.path.join(releases_dir, release))
+        write_record(root, release, command["desired"], command.get("meta", {}))
+        fsync_dir(releases_dir)
+        if edited_during_ship(root, state, scanned, ignore):
+            step = "switch"
+            raise Stop(step, "changed", "the current release was edited during the ship; "
+                       "nothing was switched, run again to see the hand-patch")
+        if creds or state.get("_creds"):
+            step = "credentials"
+            emit({"t": "step", "name": step})
+            apply_credentials(emit, root, creds, secrets, state.get("_creds") or [])
+        step = "switch"
+        emit({"t": "step", "name": step})
+        if command.get("identity") and command["identity"] != state.get("identity"):
+            write_identity(root, command["identity"])
+        switch(root, release)
+        meta = command.get("meta", {})
+        append_history(emit, root, {"kind": "ship", "time": meta.get("created"),
+                              "by": meta.get("shipped_by"), "release": dec(release),
+                              "previous": state["current"], "host": meta.get("host"),
+                              "forced": meta.get("forced"), "source": meta.get("source"),
+                              "allow_dirty": meta.get("allow_dirty"),
+                              "renamed_from": meta.get("renamed_from")})
+    except Aborted:
+        cleanup(emit, stage, blob_dir, root, release)
+        emit({"t": "done", "release": None, "pruned": [], "aborted": True})
+        return 0
+    except Stop:
+        cleanup(emit, stage, blob_dir, root, release)
+        raise
+    except OSError as exc:
+        cleanup(emit, stage, blob_dir, root, release)
+        kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"
+        path = exc.filename
+        if isinstance(path, bytes):
+            path = dec(path)
+        raise Stop(step, kind, f"{exc.__class__.__name__}: {os_error_text(exc)}", path)
+    # The new release is in use from here on: later trouble is a warning, never a rollback.
+    try:
+        force_rmtree(emit, blob_dir)
+    except OSError as exc:
+        emit({"t": "warning", "message": f"could not remove {dec(blob_dir)}: {os_error_text(exc)}"})
+    if command.get("units") is not None:
+        # Before the prune: the runners move to the new release before older releases go, and
+        # a failure here stops the ship with every release still on disk.
+        emit({"t": "step", "name": "services"})
+        services_step(emit, command, restart_all=True)
+    emit({"t": "step", "name": "prune"})
+    try:
+        pruned = prune(emit, root, int(command.get("keep", 5)), release)
+    except OSError as exc:  # the new release is in use; a failed prune is only reported
+        pruned = []
+        emit({"t": "warning", "message": f"prune failed: {os_error_text(exc)}"})
+    emit({"t": "done", "release": dec(release), "pruned": pruned})
+    return 0
+
+
+def edited_during_ship(root, state, scanned, ignore):
+    """Whether the release in use changed since the scan (a hand-patch made during the ship)."""
+    return state["current_kind"] in ("symlink", "foreign-symlink") and \
+        not unchanged_since_scan(root, scanned, ignore)
+

@@ -1,0 +1,191 @@
+"""Building a release beside the one in use: receiving content, assembling, verifying,
+recording it, and switching ``current`` to it."""
+
+import hashlib
+import os
+
+from fleetctl.host.files import (
+    fsync_dir,
+    json_tmp_path,
+    temp_name,
+    write_all,
+    write_file,
+    write_json,
+)
+from fleetctl.host.remove import force_rmtree
+from fleetctl.host.state import RECORD_SCHEMA, creds_record_path, record_path
+from fleetctl.host.walk import walk
+from fleetctl.host.wire import (
+    CHUNK_BYTES,
+    STATE_DIR_B,
+    Stop,
+    dec,
+    enc,
+    os_error_text,
+    parse_owner,
+    with_path,
+)
+from fleetctl.protocol import is_credential_path
+
+
+def receive_blobs(inp, blob_dir, count):
+    """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``.
+
+    Raises:
+        Stop when the input ends early or a blob's digest does not match; OSError naming the
+        blob's file when it cannot be written (a full disk).
+    """
+    os.mkdir(blob_dir, 0o700)
+    for _ in range(count):
+        digest = inp.readline().strip().decode("ascii")
+        size = int(inp.readline())
+        h = hashlib.sha256()
+        name = os.path.join(blob_dir, digest.split(":", 1)[1].encode("ascii"))
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            left = size
+            while left:
+                block = inp.read(min(left, CHUNK_BYTES))
+                if not block:
+                    raise Stop("receive", "failed", "input ended early (connection lost?)")
+                h.update(block)
+                try:
+                    write_all(fd, block)
+                except OSError as exc:  # a full disk: say where
+                    raise with_path(exc, name)
+                left -= len(block)
+        finally:
+            os.close(fd)
+        if "sha256:" + h.hexdigest() != digest:
+            raise Stop("receive", "failed", "content arrived corrupted (digest mismatch)")
+
+
+def assemble(stage, desired, sources, blob_dir, current_dir):
+    """Build the release in ``stage`` from the desired manifest; modes and owners explicit."""
+    os.mkdir(stage, 0o700)
+    dirs = []
+    for entry in desired:
+        rel = enc(entry["path"])
+        dest = os.path.join(stage, rel)
+        owner = parse_owner(entry["owner"], "assemble", entry["path"]) \
+            if entry.get("owner") else (-1, -1)
+        kind = entry["type"]
+        if kind == "dir":
+            os.mkdir(dest, 0o700)
+            dirs.append((dest, owner, int(entry["mode"], 8)))
+        elif kind == "symlink":
+            os.symlink(enc(entry["target"]), dest)
+            if owner[0] != -1:
+                os.lchown(dest, owner[0], owner[1])
+        elif kind == "file":
+            source = sources.get(entry["path"])
+            if source is None:
+                source_path = os.path.join(blob_dir,
+                                           entry["digest"].split(":", 1)[1].encode("ascii"))
+            else:
+                # Copied from the current release, never hard-linked: releases must share no
+                # inode (docs/invariants.md, invariant 4).
+                source_path = os.path.join(current_dir, enc(source))
+            write_file(dest, source_path, owner, int(entry["mode"], 8))
+        else:
+            raise Stop("assemble", "failed", f"cannot ship an entry of type {kind}", entry["path"])
+    # Directory modes last and deepest first, so a 0555 directory is filled before it closes.
+    for dest, owner, mode in reversed(dirs):
+        if owner[0] != -1:
+            os.chown(dest, owner[0], owner[1])
+        os.chmod(dest, mode)
+    os.chmod(stage, 0o755)
+
+
+def verify(stage, desired):
+    """Compare the staged release with the desired manifest; raise Stop on any difference."""
+    found = {}
+    problems = []
+
+    def sink(entry):
+        found[entry["path"]] = entry
+
+    def bad(rel, exc):
+        problems.append(f"{dec(rel)}: unreadable ({os_error_text(exc)})")
+
+    walk(stage, sink, bad)
+    wanted = {e["path"]: e for e in desired}
+    for path in sorted(set(found) | set(wanted)):
+        a, b = wanted.get(path), found.get(path)
+        if a is None or b is None:
+            problems.append("{}: {}".format(path, "unexpected" if a is None else "missing"))
+            continue
+        for key in ("type", "mode", "owner", "size", "digest", "target"):
+            if a.get(key) is not None and a.get(key) != b.get(key):
+                problems.append(f"{path}: {key} is {b.get(key)}, expected {a.get(key)}")
+    if problems:
+        raise Stop("verify", "failed", "staged release differs from the plan: " +
+                   "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)"
+                                              if len(problems) > 5 else ""))
+
+
+def write_record(root, release, desired, meta):
+    """Write the release's record (0644) and, when it has credentials, their part (0600).
+
+    The credential files' digests go to a side file only the shipping account can read: a
+    digest of a guessable secret (a short password in a public template) must not be readable by
+    every user of the host.
+    """
+    state_dir = os.path.join(root, STATE_DIR_B, b"releases")
+    os.makedirs(state_dir, 0o755, exist_ok=True)
+    tree = [e for e in desired if not is_credential_path(e["path"])]
+    creds = [e for e in desired if is_credential_path(e["path"])]
+    if creds:
+        write_json(creds_record_path(root, release), {"schema_version": RECORD_SCHEMA,
+                                                      "release": dec(release),
+                                                      "manifest": creds}, 0o600)
+    body = {"schema_version": RECORD_SCHEMA, "release": dec(release), "manifest": tree}
+    body.update(meta)
+    write_json(record_path(root, release), body, 0o644)
+
+
+def switch(root, release):
+    """Point ``current`` at the release with one atomic rename of a fresh symlink."""
+    tmp = os.path.join(root, temp_name(b".current.", release))
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(b"releases/" + release, tmp)
+    os.rename(tmp, os.path.join(root, b"current"))
+    try:
+        fsync_dir(root)
+    except OSError:
+        pass  # the switch has happened; durability of the rename is best effort past this
+
+
+def receive_secrets(inp, count):
+    """Read ``count`` secret frames (``<digest>\\n<size>\\n<bytes>``) into memory only."""
+    secrets = {}
+    for _ in range(count):
+        digest = inp.readline().strip().decode("ascii")
+        size = int(inp.readline())
+        data = inp.read(size)
+        if len(data) != size:
+            raise Stop("receive", "failed", "input ended early (connection lost?)")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise Stop("receive", "failed", "a credential arrived corrupted (digest mismatch)")
+        secrets[digest] = data
+    return secrets
+
+
+def cleanup(emit, stage, blob_dir, root, release):
+    """Remove what a failed ship made: the staging release, the received content, the new
+    release and its records (temporary ones too). Best effort: an error here must not hide the
+    one that stopped the ship; a mount point met is kept and reported (force_rmtree)."""
+    for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
+        try:
+            force_rmtree(emit, path)
+        except OSError:
+            pass
+    for record in (record_path(root, release), json_tmp_path(record_path(root, release)),
+                   creds_record_path(root, release),
+                   json_tmp_path(creds_record_path(root, release))):
+        try:
+            os.unlink(record)
+        except OSError:
+            pass
+

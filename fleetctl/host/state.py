@@ -1,0 +1,231 @@
+"""The layout under the root as it is now: ``current``, the releases, their records, the
+host's identity and history, and the scan that streams all of it to the client.
+
+Layout (DESIGN.md §5)::
+
+    <root>/current -> releases/<id>        the release in use (symlink, switched by rename)
+    <root>/releases/<id>/                  complete releases
+    <root>/.fleetctl/releases/<id>.json    each release's manifest (digests only, no contents)
+    <root>/.fleetctl/history.jsonl         one line per ship and rollback
+    <root>/credentials/<agent>/<file>      granted credentials (0755/0700/0600), in no release
+
+The shipped manifest is the record of the release ``current`` points to, so the switch of one
+symlink changes the tree in use and the base of the three-way comparison together.
+"""
+
+import errno
+import json
+import os
+import stat
+
+from fleetctl.host.accounts import read_accounts
+from fleetctl.host.files import write_all, write_json
+from fleetctl.host.walk import scan_credentials, scan_tree
+from fleetctl.host.wire import STATE_DIR_B, dec, enc, os_error_text
+from fleetctl.protocol import manifest_digest
+
+RECORD_SCHEMA = 1
+
+
+def read_state(emit, root):
+    """Describe the layout under ``root`` without writing anything."""
+    state = {"t": "state", "root_exists": os.path.isdir(root), "current": None,
+             "current_kind": None, "releases": [], "shipped": False}
+    current = os.path.join(root, b"current")
+    try:
+        st = os.lstat(current)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            # Not knowing whether a tree exists is not the same as having none.
+            state["current_kind"] = "unreadable"
+            emit({"t": "unreadable", "path": ".", "error": os_error_text(exc)})
+        return state
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(current)
+        state["current_kind"] = "symlink"
+        head, name = os.path.split(target.rstrip(b"/"))
+        if not os.path.isdir(os.path.join(root, target)):
+            state["current_kind"] = "dangling"  # nothing in use: a forced ship may replace it
+        elif head == b"releases":
+            state["current"] = dec(name)
+        else:
+            state["current_kind"] = "foreign-symlink"
+    else:
+        state["current_kind"] = "dir" if stat.S_ISDIR(st.st_mode) else "other"
+    try:
+        state["releases"] = sorted(
+            dec(n) for n in os.listdir(os.path.join(root, b"releases")) if not n.startswith(b".")
+        )
+    except OSError:
+        pass
+    state["identity"] = read_identity(root)
+    state["meta"] = None
+    if state["current"] and os.path.lexists(record_path(root, enc(state["current"]))):
+        try:
+            state["_manifest"] = load_record(root, enc(state["current"]))
+            state["meta"] = record_meta(root, enc(state["current"]))
+            state["shipped"] = True
+        except (OSError, ValueError) as exc:
+            emit({"t": "warning", "message": "the record {} cannot be used ({}): treated as "
+                  "missing, so changes have origin unknown; ship --force writes a new one".format(
+                      dec(record_path(root, enc(state["current"]))), exc)})
+    return state
+
+
+def identity_path(root):
+    return os.path.join(root, STATE_DIR_B, b"identity.json")
+
+
+def read_identity(root):
+    """The host identity recorded at adoption (``{"name", "id", "adopted"}``), or ``None``.
+
+    A file that is there but unreadable or not an identity is reported as
+    ``{"problem": ...}``: fleetctl must not take such a host for a new one.
+    """
+    path = identity_path(root)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and \
+                isinstance(data.get("id"), str):
+            return {"name": data["name"], "id": data["id"], "adopted": data.get("adopted")}
+        problem = "not a fleetctl host identity"
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    return {"problem": f"{dec(path)}: {problem}"}
+
+
+def write_identity(root, identity):
+    """Record the host's identity (its inventory name and id), replacing any earlier one."""
+    state_dir = os.path.join(root, STATE_DIR_B)
+    if not os.path.isdir(state_dir):
+        os.mkdir(state_dir, 0o755)
+    write_json(identity_path(root), identity, 0o644)
+
+
+RECORD_META_KEYS = ("created", "fleetctl", "shipped_by", "previous", "desired_digest",
+                    "source", "forced", "allow_dirty", "host", "host_id", "kind", "renamed_from")
+
+
+def record_meta(root, release):
+    """The provenance part of a release record (everything but the manifest), or ``{}``."""
+    try:
+        with open(record_path(root, release), "rb") as fh:
+            record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {k: record[k] for k in RECORD_META_KEYS if k in record}
+
+
+def record_path(root, release):
+    return os.path.join(root, STATE_DIR_B, b"releases", release + b".json")
+
+
+def creds_record_path(root, release):
+    return os.path.join(root, STATE_DIR_B, b"releases", release + b".credentials.json")
+
+
+def load_record(root, release):
+    """Return the manifest list of a release's record (with its credentials part when there is
+    one); ValueError if it is not one. A credentials part this account cannot read is left out:
+    the credential files themselves are then unreadable too, and the scan says so."""
+    manifest = read_manifest(record_path(root, release))
+    side = creds_record_path(root, release)
+    if os.path.lexists(side):
+        try:
+            manifest = manifest + read_manifest(side)
+        except PermissionError:
+            pass
+    return manifest
+
+
+def read_manifest(path):
+    with open(path, "rb") as fh:
+        record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+    manifest = record.get("manifest") if isinstance(record, dict) else None
+    if not isinstance(manifest, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("path"), str) and e.get("type") in
+            ("file", "dir", "symlink", "other") for e in manifest):
+        raise ValueError("not a fleetctl release record")
+    return manifest
+
+
+def emit_shipped(emit, manifest):
+    for entry in manifest:
+        event = dict(entry)
+        event["t"] = "shipped"
+        emit(event)
+
+
+def scan(emit, root, state, request=None):
+    """Emit the live manifest of ``<root>/current`` and of ``<root>/credentials``, the shipped
+    manifest, and (when the request names them) the agents' accounts.
+
+    Returns the entries of ``current``; the credentials tree's go to ``state["_creds"]``.
+    """
+    entries = []
+    unreadable = 0
+    if state["current_kind"] in ("symlink", "foreign-symlink"):
+        if state["shipped"]:
+            emit_shipped(emit, state["_manifest"])
+        entries, unreadable = scan_tree(emit, os.path.join(root, b"current/"))
+    elif state["current_kind"] == "dir":
+        entries, unreadable = scan_tree(emit, os.path.join(root, b"current"))
+    creds, bad = scan_credentials(emit, root, emit_events=True)
+    state["_creds"] = creds
+    unreadable += bad
+    if request and request.get("accounts"):
+        emit({"t": "accounts", "accounts": read_accounts(request["accounts"])})
+    emit({"t": "scan-end", "entries": len(entries) + len(creds), "unreadable": unreadable,
+          "digest": manifest_digest(entries + creds)})
+    return entries
+
+
+HISTORY_FILE = b"history.jsonl"
+
+
+def last_shipped(root):
+    """The release the last successful ship put in use, from the history (bytes), or None."""
+    found = None
+    try:
+        with open(history_path(root), "rb") as fh:
+            for raw in fh:
+                try:
+                    entry = json.loads(raw.decode("utf-8", "surrogateescape"))
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and entry.get("kind") == "ship" and \
+                        isinstance(entry.get("release"), str):
+                    found = enc(entry["release"])
+    except OSError:
+        pass
+    return found
+
+
+def history_path(root):
+    return os.path.join(root, STATE_DIR_B, HISTORY_FILE)
+
+
+def append_history(emit, root, entry):
+    """Append one line to ``.fleetctl/history.jsonl`` (0644): who shipped or rolled back what.
+
+    Appended with one write of a whole line (O_APPEND), so readers never see half a line from
+    a finished write; a failure here is a warning, never undoing what was done.
+    """
+    line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(
+        "utf-8", "surrogateescape") + b"\n"
+    try:
+        fd = os.open(history_path(root), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     0o644)
+        try:
+            write_all(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        emit({"t": "warning", "message": "could not record the history line in "
+              f"{dec(history_path(root))}: {os_error_text(exc)}"})
+

@@ -1,0 +1,126 @@
+"""Op ``status``: the release in use and each agent's runner records; read only."""
+
+import errno
+import json
+import os
+import re
+
+from fleetctl.host.state import read_identity, record_meta
+from fleetctl.host.wire import dec, enc, os_error_text
+
+STATUS_TURNS = 200  # the last turns of a ledger whose prefix totals ``status`` sends
+
+
+STATUS_ESCALATIONS = 20  # escalations described per agent (all are counted)
+
+
+def _read_json_file(path):
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _agent_status(root, agent):
+    """One agent's runner records, read only: its last task, escalations waiting, ledger."""
+    state = os.path.join(root, b"state", enc(agent))
+    out = {"t": "agent-status", "agent": agent, "state_exists": os.path.isdir(state),
+           "last_task": None, "escalations": 0, "escalation_list": [], "turns": 0,
+           "prefix_totals": [], "errors": []}
+    if not out["state_exists"]:
+        return out
+    runs = os.path.join(state, b"runs")
+    try:
+        tasks = []
+        for name in os.listdir(runs):
+            full = os.path.join(runs, name)
+            if name.startswith(b".") or not os.path.isdir(full):
+                continue
+            stamps = [os.lstat(full).st_mtime]
+            for leaf in (b"result.json", b"progress.json"):
+                try:
+                    stamps.append(os.lstat(os.path.join(full, leaf)).st_mtime)
+                except OSError:
+                    pass
+            tasks.append((max(stamps), name))
+        if tasks:
+            _, name = max(tasks)
+            task_dir = os.path.join(runs, name)
+            attempts = []
+            for leaf in os.listdir(task_dir):
+                m = re.match(rb"^attempt-(\d+)\.json$", leaf)
+                if m:
+                    attempts.append(int(m.group(1)))
+            last = _read_json_file(os.path.join(task_dir, b"attempt-%d.json" % max(attempts))) \
+                if attempts else None
+            out["last_task"] = {
+                "task": dec(name), "result": _read_json_file(os.path.join(task_dir,
+                                                                          b"result.json")),
+                "attempts_recorded": len(attempts),
+                "last_verdict": (last or {}).get("verdict"),
+                "last_started": (last or {}).get("started"),
+                "last_finished": (last or {}).get("finished")}
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            out["errors"].append(f"{dec(runs)}: {os_error_text(exc)}")
+    spool = os.path.join(state, b"notify")
+    try:
+        names = sorted(n for n in os.listdir(spool)
+                       if n.endswith(b".json") and not n.startswith(b"."))
+        out["escalations"] = len(names)
+        for n in names[:STATUS_ESCALATIONS]:
+            e = _read_json_file(os.path.join(spool, n)) or {}
+            out["escalation_list"].append({
+                k: e.get(k) for k in ("task", "kind", "time", "reason", "via")})
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            out["errors"].append(f"{dec(spool)}: {os_error_text(exc)}")
+    ledger = os.path.join(state, b"ledger.jsonl")
+    totals = []
+    try:
+        with open(ledger, "rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break
+                try:
+                    record = json.loads(raw.decode("utf-8", "replace"))
+                    total = sum(record["prefix_tokens"].values())
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                totals.append(total)
+                if len(totals) > STATUS_TURNS * 4:
+                    out["turns"] += len(totals) - STATUS_TURNS
+                    totals = totals[-STATUS_TURNS:]
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            out["errors"].append(f"{dec(ledger)}: {os_error_text(exc)}")
+    out["turns"] += len(totals)
+    out["prefix_totals"] = totals[-STATUS_TURNS:]
+    return out
+
+
+def read_status(emit, root, request):
+    """Op ``status``: the release in use and its provenance, and for each named agent its
+    runner's records (last task, escalations in the notify spool, the ledger's last prefix
+    totals); read only."""
+    current = None
+    try:
+        target = os.readlink(os.path.join(root, b"current"))
+        head, name = os.path.split(target.rstrip(b"/"))
+        if head == b"releases":
+            current = name
+    except OSError:
+        pass
+    emit({"t": "release", "root_exists": os.path.isdir(root),
+          "current": dec(current) if current else None,
+          "meta": record_meta(root, current) if current else {},
+          "identity": read_identity(root)})
+    for agent in request.get("agents", []):
+        if not agent or "/" in agent or agent in (".", ".."):
+            continue
+        emit(_agent_status(root, agent))
+    emit({"t": "status-end"})
+    return 0
+

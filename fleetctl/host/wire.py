@@ -1,0 +1,122 @@
+"""The host program's input, output and the small helpers every other module uses.
+
+Output goes to an *event sink*: a callable taking one event (a JSON-ready dict). On the host it
+is a :class:`StdoutSink` writing JSON lines; in a test it can be ``list.append``. Input (the
+request, a ship's commands and content) is read from a binary stream with :func:`read_frame`.
+Host functions take both as arguments and never touch ``sys.stdin`` or ``sys.stdout``.
+"""
+
+
+import grp
+import os
+import pwd
+
+from fleetctl import protocol
+
+STATE_DIR_B = os.fsencode(protocol.STATE_DIR)  # the state directory's name, as bytes
+
+CHUNK_BYTES = 1 << 20  # bytes read or copied at a time
+
+
+class StdoutSink:
+    """The event sink of the real program: one JSON line per event on a binary stream.
+
+    Events the client waits on (``protocol.FLUSHED``) are flushed at once; the rest (a scan's
+    entries) go out as the buffer fills.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __call__(self, event):
+        self._stream.write(protocol.encode_json(event) + b"\n")
+        if event.get("t") in protocol.FLUSHED:
+            self._stream.flush()
+
+    def flush(self):
+        """Write out whatever is buffered (at the end of the program)."""
+        self._stream.flush()
+
+
+def read_frame(inp):
+    """One frame of the client's input (bytes); Stop (step ``receive``) when it ended first."""
+    try:
+        return protocol.read_frame(inp)
+    except protocol.FrameError as exc:
+        raise Stop("receive", "failed", str(exc))
+
+
+def read_json_frame(inp):
+    """One JSON frame of the client's input: a request or a command."""
+    return protocol.decode_json(read_frame(inp))
+
+
+class Aborted(Exception):
+    """The client called a prepared ship off (another host of the fleet could not ship)."""
+
+
+class Stop(Exception):
+    """A step failed; carries the error event to emit."""
+
+    def __init__(self, step, kind, message, path=None):
+        Exception.__init__(self, message)
+        self.event = {"t": "error", "step": step, "kind": kind, "message": message, "path": path}
+
+
+def dec(raw):
+    return os.fsdecode(raw)
+
+
+def enc(text):
+    return os.fsencode(text)
+
+
+_users = {}
+_groups = {}
+
+
+def user_name(uid):
+    if uid not in _users:
+        try:
+            _users[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _users[uid] = str(uid)
+    return _users[uid]
+
+
+def group_name(gid):
+    if gid not in _groups:
+        try:
+            _groups[gid] = grp.getgrgid(gid).gr_name
+        except KeyError:
+            _groups[gid] = str(gid)
+    return _groups[gid]
+
+
+def parse_owner(owner, step, path):
+    user, _, group = owner.partition(":")
+    try:
+        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise Stop(step, "failed", f"no such user on the host: {user}", path)
+    if not group:
+        return uid, -1
+    try:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise Stop(step, "failed", f"no such group on the host: {group}", path)
+    return uid, gid
+
+
+def os_error_text(exc):
+    return exc.strerror or str(exc)
+
+
+def with_path(exc, path):
+    """Return ``exc`` (an OSError) naming ``path`` (bytes or str): calls on an fd carry no file
+    name, and an error without one cannot say what was refused. Keeps the subclass
+    (PermissionError for EACCES/EPERM) and an existing file name."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), path)
+

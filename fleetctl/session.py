@@ -1,0 +1,248 @@
+"""One run of the host program on a host, seen from the client: :class:`HostSession`.
+
+A session is one process on the host and one round trip: the program (:mod:`fleetctl.bundle`)
+and the request go down stdin, the events come back as JSON lines and are decoded into types
+(:mod:`fleetctl.hostevents`) while the host works, and for a ship the commands and the content
+follow on the same stdin while the host holds its lock. Every command that talks to a host goes
+through this class: ``drift`` and ``ship`` (:mod:`fleetctl.scan`, :mod:`fleetctl.ship`), the
+day-two operations (:mod:`fleetctl.hostops`) and ``tokens --live``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fleetctl import bundle
+from fleetctl.errors import HostError
+from fleetctl.hostevents import BadEvent, HostEvent, decode_event, error_from_event
+from fleetctl.inventory import Host
+from fleetctl.protocol import encode_json, frame
+from fleetctl.transport import open_transport
+from fleetctl.transport.base import Channel, Transport
+
+#: Content is written to the host in slices of this size: the transport blocks while the
+#: host's pipe is full (that is the flow control), and no slice copies the content.
+SEND_CHUNK_BYTES = 1 << 18
+
+_ACTIVE: set[HostSession] = set()
+_ACTIVE_LOCK = threading.Lock()
+INTERRUPTED = threading.Event()
+
+
+def interrupt_all() -> None:
+    """End every running host program at once (Ctrl-C) and refuse to start new ones.
+
+    A ship killed before its switch leaves the previous release in use; the host's lock goes
+    with the process.
+    """
+    INTERRUPTED.set()
+    with _ACTIVE_LOCK:
+        sessions = list(_ACTIVE)
+    for session in sessions:
+        session.kill()
+
+
+class HostSession:
+    """One run of the host program.
+
+    Args:
+        transport: a connected transport.
+        python: the interpreter on the host (``python3`` unless the inventory says otherwise).
+        request: the JSON request (``op`` and its keys; ``root`` the managed root).
+        timeout_s: seconds after which the whole run is ended; ``None`` for no limit.
+
+    Raises:
+        HostError: Ctrl-C was pressed before (nothing is started), or the program did not
+            read its input before the timeout.
+    """
+
+    def __init__(self, transport: Transport, python: str, request: dict[str, Any],
+                 timeout_s: float | None) -> None:
+        self.label = transport.label
+        #: What the transport noticed while connecting (a known_hosts line skipped); a scan
+        #: reports them among its warnings.
+        self.transport_warnings: list[str] = list(getattr(transport, "warnings", ()))
+        self._transport = transport
+        self._timed_out = False
+        if INTERRUPTED.is_set():
+            raise HostError(f"{self.label}: interrupted; not started")
+        self._chan: Channel = transport.start([python, "-c", bundle.BOOTSTRAP])
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
+        self._timeout_s = timeout_s
+        self._timer: threading.Timer | None = None
+        self.arm()
+        self._buffer = b""
+        self._events = self._read_events()
+        try:
+            self.send(frame(bundle.program()) + frame(encode_json(request)))
+        except OSError:
+            if self._timed_out:
+                raise self.broken("it did not read its input") from None
+            # otherwise the process died at once; the events report why from its stderr
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def arm(self) -> None:
+        """Start (or restart) the timeout: the run is ended ``timeout_s`` from now.
+
+        A fleet ship re-arms it for each phase of a host's work and pauses it while the host
+        waits for the others, so the limit is on this host's work, not the fleet's.
+        """
+        self.pause()
+        if self._timeout_s:
+            self._timer = threading.Timer(self._timeout_s, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def pause(self) -> None:
+        """Stop the timeout until :meth:`arm` (the host waits on the client, not working)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timed_out = True
+        self._chan.kill()
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Write raw bytes to the program's stdin (blocks while its pipe is full).
+
+        Raises:
+            OSError: the program no longer reads (it stopped: its events say why).
+        """
+        self._chan.send(data)
+
+    def send_json(self, obj: Any) -> None:
+        """Send one JSON frame (a command of a ship); OSError as :meth:`send`."""
+        self._chan.send(frame(encode_json(obj)))
+
+    def send_content(self, digest: str, data: bytes) -> None:
+        """Send one content frame (``<digest>\\n<size>\\n<bytes>``) in bounded slices.
+
+        Slices of a memoryview share the buffer: sending a large file packet by packet costs no
+        copy of it (a ``bytes`` slice per packet made a 64 MiB file take 30 s).
+
+        Raises:
+            OSError: the program no longer reads.
+        """
+        self._chan.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
+        view = memoryview(data)
+        for start in range(0, len(view), SEND_CHUNK_BYTES):
+            self._chan.send(view[start:start + SEND_CHUNK_BYTES])
+
+    # -- output --------------------------------------------------------------------------------
+
+    def events(self) -> Iterator[HostEvent]:
+        """The events the host reports, until its output ends; one iterator per session, so
+        a caller may stop and go on reading later (a ship reads in phases).
+
+        Raises:
+            HostError: the output ended mid-line or was not an event; the host's ``error``
+                event as its exception (:func:`~fleetctl.hostevents.error_from_event`:
+                ShipRefused, PermissionDenied or HostError).
+        """
+        return self._events
+
+    def _read_events(self) -> Iterator[HostEvent]:
+        while True:
+            newline = self._buffer.find(b"\n")
+            while newline < 0:
+                try:
+                    block = self._chan.read(1 << 16)
+                except OSError as exc:
+                    raise self.broken(str(exc)) from None
+                if not block:
+                    if self._buffer or self._timed_out:
+                        raise self.broken("output ended mid-line")
+                    return
+                self._buffer += block
+                newline = self._buffer.find(b"\n")
+            line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
+            try:
+                event = decode_event(line)
+            except BadEvent as exc:
+                raise self.broken(str(exc)) from None
+            if isinstance(event, dict):  # the host stopped: its error event
+                self.finish()
+                raise error_from_event(self.label, event)
+            yield event
+
+    def broken(self, why: str) -> HostError:
+        """Build the error for a run that ended abnormally, with the tail of its stderr."""
+        if INTERRUPTED.is_set():
+            return HostError(f"{self.label}: interrupted; if a ship was under way, the previous "
+                             "release stays in use unless it had already switched (check with "
+                             "drift)")
+        if self._timed_out:
+            return HostError(f"{self.label}: timed out; the operation was ended")
+        self._chan.kill()
+        tail = self._chan.stderr_tail().strip()
+        explained = self._transport.explain(tail)  # e.g. sudo refused (become: sudo)
+        if explained is not None:
+            return explained
+        detail = f": {tail.splitlines()[-1]}" if tail else ""
+        return HostError(f"{self.label}: the host-side program failed ({why}){detail}")
+
+    # -- end -----------------------------------------------------------------------------------
+
+    def finish(self) -> int:
+        """Wait for the program to end and return its exit status."""
+        try:
+            status = self._chan.wait()
+        finally:
+            self._forget()
+        return status
+
+    def _forget(self) -> None:
+        self.pause()
+        with _ACTIVE_LOCK:
+            _ACTIVE.discard(self)
+
+    def kill(self) -> None:
+        """End the program at once (used when the caller gives up part-way)."""
+        self._chan.kill()
+        self._forget()
+
+
+@contextlib.contextmanager
+def open_session(host: Host, request: dict[str, Any]) -> Iterator[HostSession]:
+    """Connect to ``host`` and start the host program with ``request`` (``root`` added).
+
+    The program is ended and the connection closed on exit, whatever happened.
+
+    Raises:
+        HostError: unreachable host, bad host key, the program could not start.
+    """
+    transport = open_transport(host)
+    transport.connect()
+    session = None
+    try:
+        session = HostSession(transport, host.python, {"root": host.root, **request},
+                              host.timeout_s)
+        yield session
+    finally:
+        if session is not None:
+            session.kill()
+        transport.close()
+
+
+def run_to(session: HostSession, end: str) -> list[HostEvent]:
+    """Read the events of ``session`` up to the one of type ``end`` (included) and wait for the
+    program to end.
+
+    Raises:
+        HostError: the output ended first (or as :meth:`HostSession.events`).
+    """
+    events = []
+    for event in session.events():
+        events.append(event)
+        if event.t == end:
+            session.finish()
+            return events
+    raise session.broken(f"it ended before {end!r}")
