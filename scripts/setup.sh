@@ -66,6 +66,9 @@ if [ "${1:-}" = "--test" ]; then
   # venv, tsc in a project-local node directory (node and npm come with the machine). Pinned:
   # the tests compare their messages.
   .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1
+  # tests/test_host_inprocess.py: the host program (fleetctl/host, fleetctl/protocol.py) must run
+  # on the oldest python3 a host may have (3.8); vermin reads the minimum version off the code.
+  .venv/bin/python -m pip install -q --disable-pip-version-check vermin==1.9.2
   if [ ! -x .tools/node/node_modules/.bin/tsc ] \
       || [ "$(.tools/node/node_modules/.bin/tsc -v)" != "Version 5.9.3" ]; then
     if ! command -v npm >/dev/null; then

@@ -71,8 +71,8 @@ def enc(text):
     return os.fsencode(text)
 
 
-_users = {}
-_groups = {}
+_users = {}  # type: dict
+_groups = {}  # type: dict
 
 
 def user_name(uid):

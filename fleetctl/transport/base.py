@@ -17,7 +17,7 @@ class Channel(ABC):
     """A running process on a host: bytes to its stdin, bytes from its stdout, an exit status."""
 
     @abstractmethod
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | memoryview) -> None:
         """Write all of ``data`` to the process's stdin.
 
         Raises:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
+from typing import cast
 
 from fleetctl.errors import HostError
 from fleetctl.transport.base import Channel, StderrTail, Transport
@@ -22,20 +24,23 @@ class LocalChannel(Channel):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        self._stderr = StderrTail(self._proc.stderr.read1)
+        # Popen with PIPE gives buffered binary streams (read1 included), never None.
+        self._stdin = cast(io.BufferedWriter, self._proc.stdin)
+        self._stdout = cast(io.BufferedReader, self._proc.stdout)
+        self._stderr = StderrTail(cast(io.BufferedReader, self._proc.stderr).read1)
 
-    def send(self, data: bytes) -> None:
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
+    def send(self, data: bytes | memoryview) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
 
     def close_stdin(self) -> None:
         try:
-            self._proc.stdin.close()
+            self._stdin.close()
         except OSError:
             pass
 
     def read(self, size: int) -> bytes:
-        return self._proc.stdout.read1(size)
+        return self._stdout.read1(size)
 
     def wait(self) -> int:
         self.close_stdin()

@@ -38,7 +38,7 @@ class SshChannel(Channel):
         chan.settimeout(timeout_s)
         self._stderr = StderrTail(chan.recv_stderr)
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | memoryview) -> None:
         try:
             self._chan.sendall(data)
         except socket.timeout as exc:
