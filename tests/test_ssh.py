@@ -462,7 +462,7 @@ def test_lock_held_refuses_then_ship_works(one_box):
 
 
 def test_lock_refusal_names_the_holder(one_box):
-    """The lock refusal names the process holding the lock (hostside.lock_holder's purpose):
+    """The lock refusal names the process holding the lock (fleetctl.host.lock.lock_holder's purpose):
     here the pid of this test process, which took the flock."""
     inv, bp, root = one_box
     assert ship(inv, bp).code == 0

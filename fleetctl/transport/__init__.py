@@ -1,8 +1,8 @@
 """Transports: the one narrow interface through which fleetctl reaches a host.
 
 A transport starts a process on the host and gives back a :class:`Channel` to its stdin,
-stdout and exit status. Everything else (scanning, shipping) is the host-side program in
-:mod:`fleetctl.hostside`, so the ``local`` and ``ssh`` implementations stay small and equivalent.
+stdout and exit status. Everything else (scanning, shipping) is the host program in
+:mod:`fleetctl.host`, so the ``local`` and ``ssh`` implementations stay small and equivalent.
 """
 
 from fleetctl.transport.base import Channel, Transport
