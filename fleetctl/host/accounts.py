@@ -40,6 +40,7 @@ def read_accounts(wanted):
 
 
 def nologin_shell():
+    """The shell of a created user: the host's nologin, else /bin/false."""
     for shell in ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false"):
         if os.path.exists(shell):
             return shell
@@ -47,6 +48,7 @@ def nologin_shell():
 
 
 def run_admin(argv, what, path):
+    """Run useradd/groupadd (argv, no shell); Stop (step ``users``) naming ``path`` if it fails."""
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=60, check=False)

@@ -22,9 +22,6 @@ from fleetctl.protocol import manifest_digest
 # The prefix of a new file before its rename: a leftover of an interrupted ship starts with it.
 CREDS_NEW = os.fsencode(protocol.LEFTOVER_PREFIX)
 
-def is_credential_path(path):
-    return path == dec(CREDS_DIR) or path.startswith(dec(CREDS_DIR) + "/")
-
 
 def apply_credentials(emit, root, wanted, secrets, scanned):
     """Make ``<root>/credentials`` equal the wanted entries, never wider than 0600/0700.
@@ -87,12 +84,16 @@ def take_dir(path):
 
 
 def owner_ids(entry):
+    """(uid, gid) of an entry's owner; this process's own when the entry names none."""
     if not entry.get("owner"):
         return os.geteuid(), os.getegid()
     return parse_owner(entry["owner"], "credentials", entry["path"])
 
 
 def write_credentials(emit, root, top, wanted, secrets, live_list, held):
+    """The writing part of :func:`apply_credentials`, once the agents' directories are
+    ``held`` (path -> (fd, uid, gid, mode)): new files first, renamed over the old ones once
+    all are written, then what is no longer wanted removed, last each directory given back."""
     live = {e["path"]: e for e in live_list}
     want = {e["path"]: e for e in wanted}
 

@@ -71,6 +71,8 @@ def write_all(fd, data):
 
 
 def copy_fd(src, dst):
+    """Copy the whole file ``src`` (fd) to ``dst`` (fd): in the kernel where it can, else in
+    blocks."""
     size = os.fstat(src).st_size
     copy_range = getattr(os, "copy_file_range", None)
     if copy_range is not None:

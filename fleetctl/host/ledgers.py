@@ -8,6 +8,7 @@ from fleetctl.host.wire import dec, enc, os_error_text
 
 
 def line_time(line):
+    """The ``time`` of a ledger line (str), or None when it has none or is not JSON."""
     try:
         record = json.loads(line)
     except ValueError:

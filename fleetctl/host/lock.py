@@ -26,7 +26,10 @@ def lock_root(root):
 
 
 def lock_holder(root):
-    # /proc/locks names the pid holding a flock on the root's inode; best effort only.
+    """`` (pid N)`` naming the process that holds the lock on ``root``, or ``""``.
+
+    /proc/locks names the pid holding a flock on the root's inode; best effort only.
+    """
     try:
         st = os.stat(root)
         key = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "

@@ -99,16 +99,19 @@ def unchanged_since_scan(root, scanned, ignore):
 
 
 def layout_problem(root, state):
+    """Why a ``current`` that is not a symlink stops a ship (the message)."""
     what = "directory" if state["current_kind"] == "dir" else "file or special file"
     return (f"{dec(root)}/current is a {what}, not a release symlink; move it aside to adopt "
             "this host")
 
 
 def compile_ignore(patterns):
+    """The ``.fleetignore`` patterns as the client sent them ((regex, include) pairs), compiled."""
     return [(re.compile(rx), include) for rx, include in patterns]
 
 
 def is_ignored(ignore, entry):
+    """Whether ``.fleetignore`` hides a manifest entry (the last matching pattern decides)."""
     # gitignore semantics as pathspec compiles them: the last matching pattern decides.
     path = entry["path"] + ("/" if entry["type"] == "dir" else "")
     verdict = False
@@ -137,6 +140,13 @@ def do_ship(emit, inp, root, request, state, scanned, lock_fd, created_root):
 
 
 def ship_locked(emit, inp, root, command, state, scanned):
+    """Carry out a ``ship`` command under the lock: the steps from ``prepare`` to ``prune``.
+
+    Returns 0 (also when the client aborted after ``prepared``: what was staged is removed).
+    Raises:
+        Stop: a step failed or found the release edited during the ship (kind ``changed``);
+            what the ship had made is removed first.
+    """
     ignore = compile_ignore(command.get("ignore", []))
     release = enc(command["release"])
     releases_dir = os.path.join(root, b"releases")

@@ -73,6 +73,7 @@ def read_state(emit, root):
 
 
 def identity_path(root):
+    """``<root>/.fleetctl/identity.json`` (bytes)."""
     return os.path.join(root, STATE_DIR_B, b"identity.json")
 
 
@@ -122,10 +123,12 @@ def record_meta(root, release):
 
 
 def record_path(root, release):
+    """The record of a release (bytes id): ``.fleetctl/releases/<id>.json``."""
     return os.path.join(root, STATE_DIR_B, b"releases", release + b".json")
 
 
 def creds_record_path(root, release):
+    """The credentials part of a release's record (0600): ``<id>.credentials.json``."""
     return os.path.join(root, STATE_DIR_B, b"releases", release + b".credentials.json")
 
 
@@ -144,6 +147,7 @@ def load_record(root, release):
 
 
 def read_manifest(path):
+    """The manifest list of a record file; ValueError if it is not a fleetctl release record."""
     with open(path, "rb") as fh:
         record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
     manifest = record.get("manifest") if isinstance(record, dict) else None
@@ -155,6 +159,7 @@ def read_manifest(path):
 
 
 def emit_shipped(emit, manifest):
+    """One ``shipped`` event per entry of the shipped manifest."""
     for entry in manifest:
         event = dict(entry)
         event["t"] = "shipped"
@@ -207,6 +212,7 @@ def last_shipped(root):
 
 
 def history_path(root):
+    """``<root>/.fleetctl/history.jsonl`` (bytes)."""
     return os.path.join(root, STATE_DIR_B, HISTORY_FILE)
 
 

@@ -64,10 +64,12 @@ class Stop(Exception):
 
 
 def dec(raw):
+    """A bytes name as str (surrogateescape: every byte survives)."""
     return os.fsdecode(raw)
 
 
 def enc(text):
+    """A str name back to its bytes."""
     return os.fsencode(text)
 
 
@@ -76,6 +78,7 @@ _groups = {}  # type: dict
 
 
 def user_name(uid):
+    """The user name of ``uid`` (the number as text if it has none); cached."""
     if uid not in _users:
         try:
             _users[uid] = pwd.getpwuid(uid).pw_name
@@ -85,6 +88,7 @@ def user_name(uid):
 
 
 def group_name(gid):
+    """The group name of ``gid`` (the number as text if it has none); cached."""
     if gid not in _groups:
         try:
             _groups[gid] = grp.getgrgid(gid).gr_name
@@ -94,6 +98,8 @@ def group_name(gid):
 
 
 def parse_owner(owner, step, path):
+    """(uid, gid) of ``"user:group"`` (names or numbers; gid -1 without a group); Stop
+    (kind ``failed``, in ``step``, naming ``path``) when the host has no such user or group."""
     user, _, group = owner.partition(":")
     try:
         uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
@@ -109,6 +115,7 @@ def parse_owner(owner, step, path):
 
 
 def os_error_text(exc):
+    """The human part of an OSError (its strerror)."""
     return exc.strerror or str(exc)
 
 
