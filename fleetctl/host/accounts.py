@@ -8,7 +8,7 @@ import stat
 import subprocess
 
 from fleetctl.host.wire import Stop, group_name, os_error_text, user_name
-from fleetctl.protocol import ACCOUNT_NAME
+from fleetctl.protocol import ACCOUNT, ACCOUNT_NAME
 
 
 def read_accounts(wanted):
@@ -107,7 +107,7 @@ def ensure_account(emit, account):
         run_admin(["useradd", "--system", "--no-create-home", "--home-dir", home, "--shell",
                    nologin_shell()] + group_args + [user], "creating user " + user, "/etc/passwd")
         pw = pwd.getpwnam(user)
-        emit({"t": "account", "user": user, "created": True})
+        emit({"t": ACCOUNT, "user": user, "created": True})
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:  # the user exists, its named group does not: create the group only
@@ -115,7 +115,7 @@ def ensure_account(emit, account):
             raise Stop("users", "permission", root_needed % ("group " + group), "/etc/group")
         run_admin(["groupadd", "--system", group], "creating group " + group, "/etc/group")
         gid = grp.getgrnam(group).gr_gid
-        emit({"t": "account", "user": user, "group_created": group})
+        emit({"t": ACCOUNT, "user": user, "group_created": group})
     try:
         st = os.lstat(home)
     except FileNotFoundError:
@@ -138,5 +138,5 @@ def ensure_account(emit, account):
             os.fchmod(fd, 0o700)
         finally:
             os.close(fd)
-        emit({"t": "account", "user": user, "home_created": home})
+        emit({"t": ACCOUNT, "user": user, "home_created": home})
 

@@ -5,6 +5,14 @@ import json
 import os
 
 from fleetctl.host.wire import dec, enc, os_error_text
+from fleetctl.protocol import (
+    LEDGER,
+    LEDGER_END,
+    LEDGER_MISSING,
+    LEDGER_PARTIAL,
+    LEDGER_UNREADABLE,
+    LEDGERS_END,
+)
 
 
 def line_time(line):
@@ -29,7 +37,7 @@ def read_ledgers(emit, root, request):
     for agent in request.get("agents", []):
         path = os.path.join(root, b"state", enc(agent), b"ledger.jsonl")
         if not agent or "/" in agent or agent in (".", ".."):
-            emit({"t": "ledger-unreadable", "agent": agent, "path": dec(path),
+            emit({"t": LEDGER_UNREADABLE, "agent": agent, "path": dec(path),
                   "error": "not an agent name"})
             continue
         lines = 0
@@ -38,7 +46,7 @@ def read_ledgers(emit, root, request):
                 for raw in fh:
                     if not raw.endswith(b"\n"):  # only the last line can lack it: in progress
                         if raw.strip():
-                            emit({"t": "ledger-partial", "agent": agent, "bytes": len(raw)})
+                            emit({"t": LEDGER_PARTIAL, "agent": agent, "bytes": len(raw)})
                         break
                     line = dec(raw.rstrip(b"\n"))
                     if not line.strip():
@@ -47,16 +55,16 @@ def read_ledgers(emit, root, request):
                         stamp = line_time(line)
                         if stamp is not None and stamp <= since:
                             continue
-                    emit({"t": "ledger", "agent": agent, "line": line})
+                    emit({"t": LEDGER, "agent": agent, "line": line})
                     lines += 1
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR) and lines == 0:
-                emit({"t": "ledger-missing", "agent": agent, "path": dec(path)})
+                emit({"t": LEDGER_MISSING, "agent": agent, "path": dec(path)})
             else:
-                emit({"t": "ledger-unreadable", "agent": agent, "path": dec(path),
+                emit({"t": LEDGER_UNREADABLE, "agent": agent, "path": dec(path),
                       "error": os_error_text(exc)})
             continue
-        emit({"t": "ledger-end", "agent": agent, "lines": lines})
-    emit({"t": "ledgers-end"})
+        emit({"t": LEDGER_END, "agent": agent, "lines": lines})
+    emit({"t": LEDGERS_END})
     return 0
 

@@ -28,7 +28,16 @@ from fleetctl.host.wire import (
     read_json_frame,
     user_name,
 )
-from fleetctl.protocol import EXIT_FAILED, EXIT_REFUSED, REFUSALS
+from fleetctl.protocol import (
+    DONE,
+    ERROR,
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    HELLO,
+    LOCKED,
+    REFUSALS,
+    ROOT,
+)
 
 
 def main(emit, inp):
@@ -37,7 +46,7 @@ def main(emit, inp):
     request = read_json_frame(inp)
     root = enc(request["root"])
     uid, gid = os.geteuid(), os.getegid()
-    emit({"t": "hello", "user": user_name(uid), "group": group_name(gid), "uid": uid,
+    emit({"t": HELLO, "user": user_name(uid), "group": group_name(gid), "uid": uid,
           "python": ".".join(str(n) for n in sys.version_info[:3])})
     lock_fd = None
     created_root = False
@@ -59,12 +68,12 @@ def main(emit, inp):
             # host waits for its turn, then answers whether it got the lock.
             go = read_json_frame(inp)
             if go.get("cmd") != "lock":
-                emit({"t": "done", "release": None, "pruned": []})
+                emit({"t": DONE, "release": None, "pruned": []})
                 return 0
             if os.path.isdir(root):
-                emit({"t": "root", "key": root_key(root)})
+                emit({"t": ROOT, "key": root_key(root)})
             lock_fd, created_root = take_ship_lock(root)
-            emit({"t": "locked", "created_root": created_root})
+            emit({"t": LOCKED, "created_root": created_root})
         state = read_state(emit, root)
         if request["op"] == "scan" and os.path.isdir(root):
             # Read from /proc/locks, never by trying the lock: a drift must not make a ship
@@ -86,7 +95,7 @@ def main(emit, inp):
     except OSError as exc:  # anything the steps did not name: still one clear event
         path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
             exc.filename, bytes) else exc.filename
-        emit({"t": "error", "step": request["op"],
+        emit({"t": ERROR, "step": request["op"],
               "message": f"{exc.__class__.__name__}: {os_error_text(exc)}", "path": path,
             "kind": "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"})
         return EXIT_FAILED

@@ -6,7 +6,7 @@ import stat
 
 from fleetctl.host.state import read_state
 from fleetctl.host.wire import CHUNK_BYTES, Stop, enc, os_error_text
-from fleetctl.protocol import is_credential_path
+from fleetctl.protocol import CONTENT, READ_END, is_credential_path
 
 READ_LIMIT_BYTES = 1 << 20
 
@@ -44,9 +44,9 @@ def current_release_dir(root, state):
 def read_files(emit, root, request):
     """Op ``read``: the content of regular files of the release in use, by path; read only.
 
-    Emits ``{"t": "content", "path", "size", "data"}`` (``data`` base64) per path, or
-    ``{"t": "content", "path", "error"}``, or ``{"t": "content", "path", "size", "too_large":
-    true}`` past ``max_bytes`` (default 1 MiB); then ``{"t": "read-end"}``. Credential files
+    Emits ``{"t": CONTENT, "path", "size", "data"}`` (``data`` base64) per path, or
+    ``{"t": CONTENT, "path", "error"}``, or ``{"t": CONTENT, "path", "size", "too_large":
+    true}`` past ``max_bytes`` (default 1 MiB); then ``{"t": READ_END}``. Credential files
     are never read: their content is only ever compared by digest.
     """
     import base64
@@ -56,7 +56,7 @@ def read_files(emit, root, request):
     top = os.open(current_release_dir(root, state), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for path in request.get("paths", []):
-            event = {"t": "content", "path": path}
+            event = {"t": CONTENT, "path": path}
             if is_credential_path(path):
                 event["error"] = "a credential file is never read"
                 emit(event)
@@ -90,6 +90,6 @@ def read_files(emit, root, request):
             emit(event)
     finally:
         os.close(top)
-    emit({"t": "read-end"})
+    emit({"t": READ_END})
     return 0
 

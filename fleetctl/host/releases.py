@@ -16,7 +16,16 @@ from fleetctl.host.state import (
 )
 from fleetctl.host.walk import walk
 from fleetctl.host.wire import Stop, dec, enc, os_error_text
-from fleetctl.protocol import is_credential_path
+from fleetctl.protocol import (
+    DONE,
+    HISTORY,
+    RELEASE,
+    RELEASES,
+    RELEASES_END,
+    STEP,
+    WARNING,
+    is_credential_path,
+)
 
 RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -25,15 +34,15 @@ def list_releases(emit, root, request):
     """Op ``releases``: every release with its record's provenance, which is current, and the
     host's history lines; read only.
 
-    Emits ``{"t": "releases", "current", "identity"}``, per release ``{"t": "release", "id",
-    "recorded", "meta"}``, per history line ``{"t": "history", "line"}``, then
-    ``{"t": "releases-end"}``.
+    Emits ``{"t": RELEASES, "current", "identity"}``, per release ``{"t": RELEASE, "id",
+    "recorded", "meta"}``, per history line ``{"t": HISTORY, "line"}``, then
+    ``{"t": RELEASES_END}``.
     """
     state = read_state(emit, root)
-    emit({"t": "releases", "current": state["current"], "identity": state.get("identity")})
+    emit({"t": RELEASES, "current": state["current"], "identity": state.get("identity")})
     for name in state["releases"]:
         recorded = os.path.lexists(record_path(root, enc(name)))
-        event = {"t": "release", "id": name, "recorded": recorded,
+        event = {"t": RELEASE, "id": name, "recorded": recorded,
                  "meta": record_meta(root, enc(name)) if recorded else {}}
         if recorded:
             try:
@@ -45,12 +54,12 @@ def list_releases(emit, root, request):
         with open(history_path(root), "rb") as fh:
             for raw in fh:
                 if raw.endswith(b"\n") and raw.strip():
-                    emit({"t": "history", "line": dec(raw.rstrip(b"\n"))})
+                    emit({"t": HISTORY, "line": dec(raw.rstrip(b"\n"))})
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-            emit({"t": "warning", "message":
+            emit({"t": WARNING, "message":
                   f"cannot read {dec(history_path(root))}: {os_error_text(exc)}"})
-    emit({"t": "releases-end"})
+    emit({"t": RELEASES_END})
     return 0
 
 
@@ -110,12 +119,12 @@ def rollback(emit, root, request):
             raise Stop("rollback", "failed", "no release {} on the host (releases: {})".format(
                 target, ", ".join(state["releases"]) or "none"))
         if target == current:
-            emit({"t": "done", "release": target, "previous": current, "differences": [],
+            emit({"t": DONE, "release": target, "previous": current, "differences": [],
                   "unchanged": True})
             return 0
         if not os.path.lexists(record_path(root, enc(target))):
             raise Stop("verify", "failed", f"release {target} has no record to verify it against")
-        emit({"t": "step", "name": "verify"})
+        emit({"t": STEP, "name": "verify"})
         try:
             problems = release_differences(root, enc(target))
         except (OSError, ValueError) as exc:
@@ -126,14 +135,14 @@ def rollback(emit, root, request):
             more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
             raise Stop("verify", "changed", "release {} was changed since it was shipped: "
                        "{}{}".format(target, "; ".join(problems[:8]), more))
-        emit({"t": "step", "name": "switch"})
+        emit({"t": STEP, "name": "switch"})
         switch(root, enc(target))
         meta = record_meta(root, enc(target))
         append_history(emit, root, {"kind": "rollback", "time": request.get("time"),
                               "by": request.get("by"), "release": target, "previous": current,
                               "host": request.get("host"), "forced": bool(problems),
                               "differences": problems[:20], "source": meta.get("source")})
-        emit({"t": "done", "release": target, "previous": current, "differences": problems})
+        emit({"t": DONE, "release": target, "previous": current, "differences": problems})
         return 0
     finally:
         os.close(lock_fd)

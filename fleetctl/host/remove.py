@@ -16,6 +16,7 @@ import stat
 
 from fleetctl.host.walk import _DIR_FLAGS
 from fleetctl.host.wire import dec, enc, with_path
+from fleetctl.protocol import WARNING
 
 
 def mount_points():
@@ -220,7 +221,7 @@ def force_rmtree(emit, path):
     """remove_tree, with a ``warning`` event per mount point kept; returns those paths."""
     kept = remove_tree(path)
     for point in kept:
-        emit({"t": "warning", "message": f"could not remove all of {dec(path)}: {dec(point)} "
+        emit({"t": WARNING, "message": f"could not remove all of {dec(path)}: {dec(point)} "
               "is a mount point, and "
               "fleetctl removes nothing on another mount; it stays until it is unmounted"})
     return kept

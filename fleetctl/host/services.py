@@ -12,6 +12,7 @@ from fleetctl import protocol
 from fleetctl.host.files import fsync_dir, write_all
 from fleetctl.host.walk import file_digest
 from fleetctl.host.wire import Stop, dec, enc, os_error_text, user_name
+from fleetctl.protocol import SERVICES, UNITS
 
 UNIT_PREFIX = os.fsencode(protocol.UNIT_PREFIX)
 UNIT_SUFFIX = os.fsencode(protocol.UNIT_SUFFIX)
@@ -64,7 +65,7 @@ def unit_changes(unit_dir, wanted):
 
 def probe_units(request):
     """The read-only look a dry run takes: which units a ship would write and remove."""
-    event = {"t": "units", "install": [], "remove": [], "problem": None, "kind": None}
+    event = {"t": UNITS, "install": [], "remove": [], "problem": None, "kind": None}
     problem = services_problem(request)
     if problem:
         event["kind"], event["problem"] = problem
@@ -130,7 +131,7 @@ def services_step(emit, command, restart_all):
     units = command["units"]
     wanted = {name: "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
                   for name, text in units.items()}
-    done = {"t": "services", "installed": [], "removed": [], "restarted": [], "started": []}
+    done = {"t": SERVICES, "installed": [], "removed": [], "restarted": [], "started": []}
     failures = []
     try:
         problem = services_problem(command)

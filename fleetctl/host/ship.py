@@ -43,7 +43,14 @@ from fleetctl.host.wire import (
     os_error_text,
     read_json_frame,
 )
-from fleetctl.protocol import is_credential_path, manifest_digest
+from fleetctl.protocol import (
+    DONE,
+    PREPARED,
+    STEP,
+    WARNING,
+    is_credential_path,
+    manifest_digest,
+)
 
 
 def prune(emit, root, keep, current):
@@ -67,7 +74,7 @@ def prune(emit, root, keep, current):
         top = os.path.join(releases_dir, name)
         inside = mounts_under(points, real_path(top))
         if inside:
-            emit({"t": "warning", "message": "kept release {}: {} is a mount point inside it "
+            emit({"t": WARNING, "message": "kept release {}: {} is a mount point inside it "
                   "(fleetctl removes nothing on another mount); unmount it and the next ship "
                   "prunes the release".format(dec(name), ", ".join(dec(p) for p in inside))})
             continue
@@ -81,7 +88,7 @@ def prune(emit, root, keep, current):
         except OSError as exc:  # one stuck release must not stop the others being pruned
             path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
                 exc.filename, bytes) else exc.filename
-            emit({"t": "warning", "message":
+            emit({"t": WARNING, "message":
                   f"could not prune release {dec(name)}: {os_error_text(exc)} ({path})"})
     return removed
 
@@ -127,12 +134,12 @@ def do_ship(emit, inp, root, request, state, scanned, lock_fd, created_root):
         command = read_json_frame(inp)
         if command.get("cmd") == "services":
             # Nothing to ship, but the runners' units are brought in line (under the lock).
-            emit({"t": "step", "name": "services"})
+            emit({"t": STEP, "name": "services"})
             services_step(emit, command, restart_all=False)
-            emit({"t": "done", "release": None, "pruned": []})
+            emit({"t": DONE, "release": None, "pruned": []})
             return 0
         if command.get("cmd") != "ship":
-            emit({"t": "done", "release": None, "pruned": []})
+            emit({"t": DONE, "release": None, "pruned": []})
             return 0
         return ship_locked(emit, inp, root, command, state, scanned)
     finally:
@@ -155,7 +162,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
     current_dir = os.path.join(root, b"current")
     step = "prepare"
     try:
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         if command.get("units") is not None:
             # A unit directory or systemctl that cannot work fails here, before anything is
             # written, rather than in the services step after the switch.
@@ -184,14 +191,14 @@ def ship_locked(emit, inp, root, command, state, scanned):
         tree = [e for e in command["desired"] if not is_credential_path(e["path"])]
         creds = [e for e in command["desired"] if is_credential_path(e["path"])]
         step = "receive"
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         receive_blobs(inp, blob_dir, command["blob_count"])
         # Secrets stay in this process's memory: never in the blob directory, never on disk
         # anywhere but their final file.
         secrets = receive_secrets(inp, command.get("secret_count", 0))
         if command.get("users"):
             step = "users"
-            emit({"t": "step", "name": step})
+            emit({"t": STEP, "name": step})
             missing = [a for a in command["users"] if account_missing(a)]
             if missing and edited_during_ship(root, state, scanned, ignore):
                 # A refusal (exit 3) writes nothing: checked before accounts are created.
@@ -200,10 +207,10 @@ def ship_locked(emit, inp, root, command, state, scanned):
             for account in command["users"]:
                 ensure_account(emit, account)
         step = "assemble"
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         assemble(stage, tree, command["sources"], blob_dir, current_dir)
         step = "verify"
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         try:
             verify(stage, tree)
         except Stop:
@@ -223,13 +230,13 @@ def ship_locked(emit, inp, root, command, state, scanned):
         # only once every host it ships is ready, so no host switches while another failed.
         # Until then the release stays a staging directory: a ship killed here leaves only a
         # leftover the next ship removes, never a release that looks shipped.
-        emit({"t": "prepared", "release": dec(release)})
+        emit({"t": PREPARED, "release": dec(release)})
         step = "commit"
         go = read_json_frame(inp)
         if go.get("cmd") != "commit":
             raise Aborted()
         step = "record"
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         os.rename(stage, os.path.join(releases_dir, release))
         write_record(root, release, command["desired"], command.get("meta", {}))
         fsync_dir(releases_dir)
@@ -239,10 +246,10 @@ def ship_locked(emit, inp, root, command, state, scanned):
                        "nothing was switched, run again to see the hand-patch")
         if creds or state.get("_creds"):
             step = "credentials"
-            emit({"t": "step", "name": step})
+            emit({"t": STEP, "name": step})
             apply_credentials(emit, root, creds, secrets, state.get("_creds") or [])
         step = "switch"
-        emit({"t": "step", "name": step})
+        emit({"t": STEP, "name": step})
         if command.get("identity") and command["identity"] != state.get("identity"):
             write_identity(root, command["identity"])
         switch(root, release)
@@ -255,7 +262,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
                               "renamed_from": meta.get("renamed_from")})
     except Aborted:
         cleanup(emit, stage, blob_dir, root, release)
-        emit({"t": "done", "release": None, "pruned": [], "aborted": True})
+        emit({"t": DONE, "release": None, "pruned": [], "aborted": True})
         return 0
     except Stop:
         cleanup(emit, stage, blob_dir, root, release)
@@ -271,19 +278,19 @@ def ship_locked(emit, inp, root, command, state, scanned):
     try:
         force_rmtree(emit, blob_dir)
     except OSError as exc:
-        emit({"t": "warning", "message": f"could not remove {dec(blob_dir)}: {os_error_text(exc)}"})
+        emit({"t": WARNING, "message": f"could not remove {dec(blob_dir)}: {os_error_text(exc)}"})
     if command.get("units") is not None:
         # Before the prune: the runners move to the new release before older releases go, and
         # a failure here stops the ship with every release still on disk.
-        emit({"t": "step", "name": "services"})
+        emit({"t": STEP, "name": "services"})
         services_step(emit, command, restart_all=True)
-    emit({"t": "step", "name": "prune"})
+    emit({"t": STEP, "name": "prune"})
     try:
         pruned = prune(emit, root, int(command.get("keep", 5)), release)
     except OSError as exc:  # the new release is in use; a failed prune is only reported
         pruned = []
-        emit({"t": "warning", "message": f"prune failed: {os_error_text(exc)}"})
-    emit({"t": "done", "release": dec(release), "pruned": pruned})
+        emit({"t": WARNING, "message": f"prune failed: {os_error_text(exc)}"})
+    emit({"t": DONE, "release": dec(release), "pruned": pruned})
     return 0
 
 

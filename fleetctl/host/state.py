@@ -22,14 +22,22 @@ from fleetctl.host.accounts import read_accounts
 from fleetctl.host.files import write_all, write_json
 from fleetctl.host.walk import scan_credentials, scan_tree
 from fleetctl.host.wire import STATE_DIR_B, dec, enc, os_error_text
-from fleetctl.protocol import manifest_digest
+from fleetctl.protocol import (
+    ACCOUNTS,
+    SCAN_END,
+    SHIPPED,
+    STATE,
+    UNREADABLE,
+    WARNING,
+    manifest_digest,
+)
 
 RECORD_SCHEMA = 1
 
 
 def read_state(emit, root):
     """Describe the layout under ``root`` without writing anything."""
-    state = {"t": "state", "root_exists": os.path.isdir(root), "current": None,
+    state = {"t": STATE, "root_exists": os.path.isdir(root), "current": None,
              "current_kind": None, "releases": [], "shipped": False}
     current = os.path.join(root, b"current")
     try:
@@ -38,7 +46,7 @@ def read_state(emit, root):
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
             # Not knowing whether a tree exists is not the same as having none.
             state["current_kind"] = "unreadable"
-            emit({"t": "unreadable", "path": ".", "error": os_error_text(exc)})
+            emit({"t": UNREADABLE, "path": ".", "error": os_error_text(exc)})
         return state
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(current)
@@ -66,7 +74,7 @@ def read_state(emit, root):
             state["meta"] = record_meta(root, enc(state["current"]))
             state["shipped"] = True
         except (OSError, ValueError) as exc:
-            emit({"t": "warning", "message": "the record {} cannot be used ({}): treated as "
+            emit({"t": WARNING, "message": "the record {} cannot be used ({}): treated as "
                   "missing, so changes have origin unknown; ship --force writes a new one".format(
                       dec(record_path(root, enc(state["current"]))), exc)})
     return state
@@ -162,7 +170,7 @@ def emit_shipped(emit, manifest):
     """One ``shipped`` event per entry of the shipped manifest."""
     for entry in manifest:
         event = dict(entry)
-        event["t"] = "shipped"
+        event["t"] = SHIPPED
         emit(event)
 
 
@@ -184,8 +192,8 @@ def scan(emit, root, state, request=None):
     state["_creds"] = creds
     unreadable += bad
     if request and request.get("accounts"):
-        emit({"t": "accounts", "accounts": read_accounts(request["accounts"])})
-    emit({"t": "scan-end", "entries": len(entries) + len(creds), "unreadable": unreadable,
+        emit({"t": ACCOUNTS, "accounts": read_accounts(request["accounts"])})
+    emit({"t": SCAN_END, "entries": len(entries) + len(creds), "unreadable": unreadable,
           "digest": manifest_digest(entries + creds)})
     return entries
 
@@ -232,6 +240,6 @@ def append_history(emit, root, entry):
         finally:
             os.close(fd)
     except OSError as exc:
-        emit({"t": "warning", "message": "could not record the history line in "
+        emit({"t": WARNING, "message": "could not record the history line in "
               f"{dec(history_path(root))}: {os_error_text(exc)}"})
 

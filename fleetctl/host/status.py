@@ -7,6 +7,7 @@ import re
 
 from fleetctl.host.state import read_identity, record_meta
 from fleetctl.host.wire import dec, enc, os_error_text
+from fleetctl.protocol import AGENT_STATUS, RELEASE, STATUS_END
 
 STATUS_TURNS = 200  # the last turns of a ledger whose prefix totals ``status`` sends
 
@@ -26,7 +27,7 @@ def _read_json_file(path):
 def _agent_status(root, agent):
     """One agent's runner records, read only: its last task, escalations waiting, ledger."""
     state = os.path.join(root, b"state", enc(agent))
-    out = {"t": "agent-status", "agent": agent, "state_exists": os.path.isdir(state),
+    out = {"t": AGENT_STATUS, "agent": agent, "state_exists": os.path.isdir(state),
            "last_task": None, "escalations": 0, "escalation_list": [], "turns": 0,
            "prefix_totals": [], "errors": []}
     if not out["state_exists"]:
@@ -113,7 +114,7 @@ def read_status(emit, root, request):
             current = name
     except OSError:
         pass
-    emit({"t": "release", "root_exists": os.path.isdir(root),
+    emit({"t": RELEASE, "root_exists": os.path.isdir(root),
           "current": dec(current) if current else None,
           "meta": record_meta(root, current) if current else {},
           "identity": read_identity(root)})
@@ -121,6 +122,6 @@ def read_status(emit, root, request):
         if not agent or "/" in agent or agent in (".", ".."):
             continue
         emit(_agent_status(root, agent))
-    emit({"t": "status-end"})
+    emit({"t": STATUS_END})
     return 0
 

@@ -19,6 +19,7 @@ from fleetctl.host.wire import (
     os_error_text,
     user_name,
 )
+from fleetctl.protocol import ENTRY, UNREADABLE
 
 CREDS_DIR = os.fsencode(protocol.CREDENTIALS_TOP)
 
@@ -166,7 +167,7 @@ def walk(top, sink, on_unreadable):
         os.close(top_fd)
 
 
-def scan_tree(emit, top, event_type="entry", prefix=b"", emit_events=True):
+def scan_tree(emit, top, event_type=ENTRY, prefix=b"", emit_events=True):
     """Describe the entries of ``top`` (streamed as events unless ``emit_events`` is false);
     return (list of entry dicts, unreadable count).
 
@@ -187,7 +188,7 @@ def scan_tree(emit, top, event_type="entry", prefix=b"", emit_events=True):
     def bad(rel, exc):
         unreadable[0] += 1
         if emit_events:
-            emit({"t": "unreadable", "path": dec(prefix + rel).rstrip("/") or ".",
+            emit({"t": UNREADABLE, "path": dec(prefix + rel).rstrip("/") or ".",
                   "error": os_error_text(exc)})
 
     walk(top, sink, bad)
@@ -204,13 +205,13 @@ def scan_credentials(emit, root, emit_events):
         first = describe_path(top, CREDS_DIR)
     except OSError as exc:
         if emit_events:
-            emit({"t": "unreadable", "path": dec(CREDS_DIR), "error": os_error_text(exc)})
+            emit({"t": UNREADABLE, "path": dec(CREDS_DIR), "error": os_error_text(exc)})
         return [], 1
     if first is None:  # none, or it vanished as it was looked at
         return [], 0
     if emit_events:
         event = dict(first)
-        event["t"] = "entry"
+        event["t"] = ENTRY
         emit(event)
     if first["type"] != "dir":
         return [first], 0

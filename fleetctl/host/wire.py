@@ -12,6 +12,7 @@ import os
 import pwd
 
 from fleetctl import protocol
+from fleetctl.protocol import ERROR
 
 STATE_DIR_B = os.fsencode(protocol.STATE_DIR)  # the state directory's name, as bytes
 
@@ -60,7 +61,7 @@ class Stop(Exception):
 
     def __init__(self, step, kind, message, path=None):
         Exception.__init__(self, message)
-        self.event = {"t": "error", "step": step, "kind": kind, "message": message, "path": path}
+        self.event = {"t": ERROR, "step": step, "kind": kind, "message": message, "path": path}
 
 
 def dec(raw):
