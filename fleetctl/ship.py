@@ -63,7 +63,7 @@ from fleetctl.scan import (
 from fleetctl.services import render_units, services_request
 from fleetctl.session import HostSession
 from fleetctl.source import SourceState, ancestry, operator, utc_now
-from fleetctl.transport import open_transport
+from fleetctl.transport import Transport, open_transport
 
 
 def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
@@ -187,7 +187,7 @@ class HostShip:
         self.blueprint, self.host, self.options = blueprint, host, options
         self.source, self.progress = source, progress
         self.result = HostResult(host.name, "planning")
-        self._transport = None
+        self._transport: Transport | None = None
         self._session: HostSession | None = None
         self._state = LiveState()
         self._command: dict | None = None
@@ -387,9 +387,9 @@ class HostShip:
             after = "the new release is in use"  # these steps come after the switch
         else:
             after = "the previous release stays in use"
-        exc = self._session.broken(f"it ended during step {result.step or 'send'}; {after}")
-        self._fail(exc)
-        raise exc
+        ended = self._session.broken(f"it ended during step {result.step or 'send'}; {after}")
+        self._fail(ended)
+        raise ended
 
     def _fail(self, exc: HostError) -> None:
         """Keep what is known (the plan, the release in use) beside a host error."""
