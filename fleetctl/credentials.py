@@ -29,6 +29,7 @@ from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, Entry, sha256_digest
 from fleetctl.secrets import REDACTED, Secret, SecretStore, SecretUnavailable, source_kind
+from fleetctl.templating import render_template
 from fleetctl.yamlfile import display_path
 
 CREDENTIALS_TOP = "credentials"
@@ -135,7 +136,6 @@ def render_credentials(blueprint: Blueprint, host: Host,
             text, a template error (any copy of the secret in its message is replaced by
             ``[redacted]``), or two capabilities rendering one file name.
     """
-    from fleetctl.render import render_template  # render imports this module
 
     tree = CredentialTree()
     store = host.secrets or SecretStore(blueprint.root)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 FILE = "file"
 DIR = "dir"
@@ -51,9 +52,10 @@ class Entry:
         return {k: getattr(self, k) for k in _FIELDS if getattr(self, k) is not None}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Entry":
+    def from_json(cls, data: Mapping[str, Any]) -> Entry:
         """Build an entry from :meth:`to_json` output (unknown keys are ignored)."""
-        return cls(**{k: data.get(k) for k in _FIELDS})
+        fields: dict[str, Any] = {k: data.get(k) for k in _FIELDS}
+        return cls(**fields)
 
 
 _FIELDS = ("path", "type", "mode", "owner", "size", "digest", "target")
@@ -101,7 +103,7 @@ class Manifest:
         """Return every path in sorted order."""
         return list(self._by_path)
 
-    def with_default_owner(self, owner: str) -> "Manifest":
+    def with_default_owner(self, owner: str) -> Manifest:
         """Return a copy where entries without an owner get ``owner`` (``"user:group"``)."""
         return Manifest(e if e.owner else replace(e, owner=owner) for e in self)
 
@@ -110,7 +112,7 @@ class Manifest:
         return [e.to_json() for e in self]
 
     @classmethod
-    def from_json(cls, data: Iterable[Mapping[str, Any]]) -> "Manifest":
+    def from_json(cls, data: Iterable[Mapping[str, Any]]) -> Manifest:
         """Build a manifest from :meth:`to_json` output."""
         return cls(Entry.from_json(d) for d in data)
 

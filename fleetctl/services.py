@@ -18,7 +18,8 @@ from fleetctl.blueprint import Blueprint
 from fleetctl.errors import InputError
 from fleetctl.inventory import Host
 from fleetctl.manifest import sha256_digest
-from fleetctl.render import agent_context, render_template
+from fleetctl.render import agent_context
+from fleetctl.templating import render_template
 
 UNIT_TEMPLATE = "fleet-runner.service.j2"
 UNIT_PREFIX = "fleet-runner-"
