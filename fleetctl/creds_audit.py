@@ -17,8 +17,8 @@ gives no value (an unset variable, a missing program, an unreadable file): the a
 skip (:class:`Skipped`) and runs every other rule, static and live, which need no value.
 
 No secret value ever reaches a finding: secrets are compared by :attr:`Secret.digest` and shown
-by a short digest prefix. The core never imports typer or rich; ``fleetctl/cli_creds.py``
-renders the text table, :func:`to_json` and :func:`to_markdown` the documents. See
+by a short digest prefix. This module returns records; the text table, the JSON and the Markdown
+are rendered in the CLI layer (:mod:`fleetctl.cli.output.creds`). See
 ``docs/credentials-audit.md``.
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -25,6 +25,8 @@ from fleetctl.inventory import Inventory, load_inventory
 from fleetctl.names import safe_text
 from fleetctl.results import HostResult, NoProgress, Progress
 from fleetctl.source import SourceState, inspect_source
+
+T = TypeVar("T")
 
 err = Console(stderr=True)
 """Messages, progress and prompts go to stderr; data goes to stdout or ``--output``."""
@@ -133,9 +135,10 @@ class BarProgress:
         self._bar.update(self._tasks[result.host], step=result.status, total=1, completed=1)
 
 
-def with_progress(fn: Callable[[Progress], list[HostResult]]) -> list[HostResult]:
-    """Call ``fn`` with a progress observer: a rich bar per host on a terminal, else none."""
-    if not err.is_terminal:
+def with_progress(fn: Callable[[Progress], T], show: bool = True) -> T:
+    """Call ``fn`` with a progress observer and return what it returns: a rich bar per host
+    when ``show`` and stderr is a terminal, else an observer that draws nothing."""
+    if not show or not err.is_terminal:
         return fn(NoProgress())
     with RichBar(SpinnerColumn(), TextColumn("{task.description}"),
                  TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err,

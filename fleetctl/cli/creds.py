@@ -13,11 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import Progress as RichBar
-from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from fleetctl.cli.common import (
-    BarProgress,
     BlueprintOpt,
     DebugOpt,
     Format,
@@ -30,9 +27,10 @@ from fleetctl.cli.common import (
     err,
     guard,
     load_project,
+    with_progress,
 )
 from fleetctl.cli.output.creds import print_text, to_json, to_markdown
-from fleetctl.creds_audit import AuditOptions, AuditReport
+from fleetctl.creds_audit import AuditOptions
 
 creds_app = typer.Typer(
     name="creds",
@@ -41,6 +39,7 @@ creds_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
 
 @creds_app.command("audit")
 def audit(
@@ -65,8 +64,8 @@ def audit(
         from fleetctl.creds_audit import audit_credentials
 
         options = AuditOptions(static_only=static, parallel=parallel)
-        report = _with_progress(lambda p: audit_credentials(bp, inv, selected, options, p),
-                                static)
+        report = with_progress(lambda p: audit_credentials(bp, inv, selected, options, p),
+                               show=not static)
         if debug:
             for h in report.hosts:
                 if h.debug:
@@ -83,16 +82,6 @@ def audit(
         return report.exit_code
 
     guard(body, debug)
-
-
-def _with_progress(fn, static: bool) -> AuditReport:
-
-    if static or not err.is_terminal:
-        return fn(None)
-    with RichBar(SpinnerColumn(), TextColumn("{task.description}"),
-                 TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err,
-                 transient=True) as bar:
-        return fn(BarProgress(bar))
 
 
 def register(app: typer.Typer) -> None:

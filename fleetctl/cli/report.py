@@ -148,15 +148,8 @@ def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_
     inv, bp = load_project(inventory, blueprint, timeout)
     selected = inv.select(hosts)
     source = source_state(inv, bp)
-    holder: dict = {}
-
-    def run(progress):
-        holder["r"] = nightly.collect(bp, inv, selected, source, parallel, progress, ledgers,
-                                      generated)
-        return []
-
-    with_progress(run)
-    report = holder["r"]
+    report = with_progress(lambda progress: nightly.collect(
+        bp, inv, selected, source, parallel, progress, ledgers, generated))
     # Compare with the latest run kept (one of the same second is the run this one replaces);
     # the chart shows the nights before this one.
     earlier = [d for d in nights if d["generated"] <= report.generated]
