@@ -291,18 +291,18 @@ def _write_tree(tree: DesiredTree, out: Path) -> None:
     dirs = []
     for entry in tree.manifest:
         dest = os.path.join(os.fsencode(out), os.fsencode(entry.path))
-        # A desired tree gives every entry a mode, and every symlink a target.
-        assert entry.mode is not None
         if entry.type == DIR:
+            assert entry.mode is not None  # a desired tree gives every directory and file a mode
             os.mkdir(dest, 0o700)
             dirs.append((dest, int(entry.mode, 8)))
         elif entry.type == SYMLINK:
-            assert entry.target is not None
+            assert entry.target is not None  # and every symlink a target
             os.symlink(os.fsencode(entry.target), dest)
         else:
             data = tree.contents.get(entry.digest or "")
             if data is None:  # a secret: never written here (see the docstring)
                 raise InputError(f"{entry.path}: a credential file; render without credentials")
+            assert entry.mode is not None
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

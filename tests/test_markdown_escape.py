@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 
 from fleetctl.cli.output import creds as creds_output
 from fleetctl.cli.output import results as results_output
-from fleetctl.cli.output.markdown import md_code, md_text
+from fleetctl.cli.output.markdown import md_code, md_line, md_text
 from fleetctl.creds_audit import AuditReport, Finding, HostAudit
 from fleetctl.drift import Change
 from fleetctl.hostcall import Unreadable
@@ -86,3 +86,12 @@ def test_creds_audit_markdown_escapes_a_hosts_error_and_paths():
         HostAudit("h2", "error", error=f"cannot connect: {SCRIPT}"),
     ])
     assert_inert(creds_output.to_markdown(report))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("run `mcp-bridge t --help` now", "run `mcp-bridge t --help` now"),
+    (f"error: {SCRIPT} in `x|y`", "error: &lt;script&gt;alert(1)&lt;/script&gt; in `x\\|y`"),
+    ("a lone ` backtick\nand a newline", "a lone \\` backtick and a newline"),
+])
+def test_md_line_keeps_code_spans_and_escapes_the_rest(text, expected):
+    assert md_line(text) == expected

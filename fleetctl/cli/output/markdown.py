@@ -2,9 +2,10 @@
 
 Every Markdown renderer (drift and ship, ``creds audit``, ``tokens``, the nightly report) escapes
 what it did not write itself with :func:`md_text`, or shows it as a code span with
-:func:`md_code`. A host name, a path or a host's error message is data: it must not open an HTML
-tag (GitHub renders raw HTML in a job summary or a PR comment), a link, emphasis, a code span or
-a new table cell.
+:func:`md_code`; a line shared with the text format, whose backtick-quoted commands are meant as
+code, goes through :func:`md_line`, which is the two together. A host name, a path or a host's
+error message is data: it must not open an HTML tag (GitHub renders raw HTML in a job summary or
+a PR comment), a link, emphasis, a code span or a new table cell.
 """
 
 from __future__ import annotations
@@ -40,3 +41,22 @@ def md_code(text: str) -> str:
     fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
     pad = " " if shown.startswith("`") or shown.endswith("`") else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
+
+
+_CODE_RUN = re.compile(r"`([^`\n]+)`")
+
+
+def md_line(text: str) -> str:
+    """A line written for the text format, safe in Markdown on one line: each ```...``` run is a
+    code span (:func:`md_code`), the rest :func:`md_text`; newlines become spaces.
+
+    A code span shows its content literally, so a host-supplied text that happens to hold
+    backticks can at most become a code span, never markup.
+    """
+    text = text.replace("\n", " ")
+    out, at = [], 0
+    for match in _CODE_RUN.finditer(text):
+        out += [md_text(text[at:match.start()]), md_code(match.group(1))]
+        at = match.end()
+    out.append(md_text(text[at:]))
+    return "".join(out)
