@@ -30,9 +30,10 @@ import os
 import posixpath
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
@@ -108,7 +109,7 @@ class BackportResult:
 
 
 def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
-             read: Callable[[Host, list[str]], dict[str, bytes | str]] | None = None
+             read: Callable[[Host, list[str], int], dict[str, bytes | str]] | None = None
              ) -> BackportResult:
     """Bring the hand-patches of ``host`` into the blueprint's work tree (never commits).
 
@@ -125,7 +126,9 @@ def backport(blueprint: Blueprint, host: Host, paths: list[str] | None = None,
         HostError: the host cannot be scanned or read, or records another identity.
     """
     if read is None:
-        from fleetctl.hostops import read_live_files as read
+        from fleetctl.hostops import read_live_files
+
+        read = read_live_files
     wanted = [tree_path(p, "backport path") for p in paths or ()]
     tree = render_host(blueprint, host, with_credentials=False)
     with host_session(host, "scan") as (_session, state):
@@ -221,7 +224,7 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
         diff = None
         if live is not None and live.type == FILE:
             body = contents.get(path)
-            want_bytes = desired_contents.get(want.digest) if want is not None and \
+            want_bytes = desired_contents.get(want.digest or "") if want is not None and \
                 want.type == FILE else None
             if isinstance(body, bytes) and sha256_digest(body) == live.digest:
                 diff = diff_contents(path, want_bytes, body, labels=("rendered", "live"))

@@ -25,13 +25,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pathspec
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
-from pydantic import model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from fleetctl.capabilities import Capability, load_capabilities, skill_needs
 from fleetctl.errors import InputError
-from fleetctl.tokens.declare import (SERVER_NAME, TOOL_NAME, McpServerDecl, check_bridged_servers,
-                                     harness_problem)
+from fleetctl.roledecl import (
+    SERVER_NAME,
+    TOOL_NAME,
+    McpServerDecl,
+    check_bridged_servers,
+    harness_problem,
+)
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
 
 _MODE = re.compile(r"^[0-7]{3,4}$")
@@ -45,7 +57,8 @@ def _mode(value: str | None) -> str | None:
         # YAML reads an unquoted 0644 as the integer 420: refuse rather than guess.
         raise ValueError("mode must be a quoted octal string such as \"0644\"")
     if not _MODE.match(value):
-        raise ValueError(f"mode must be 3 or 4 octal digits such as \"0644\" or \"1777\" (quoted), got {value!r}")
+        raise ValueError("mode must be 3 or 4 octal digits such as \"0644\" or \"1777\" "
+                         f"(quoted), got {value!r}")
     return value.rjust(4, "0")
 
 
@@ -300,9 +313,10 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
         needs[name] = skill_needs(skill_dir / "SKILL.md")
         for capability in needs[name]:
             if capability not in capabilities:
-                raise InputError(f"{display_path(skill_dir / 'SKILL.md')}: capabilities: no capability "
-                                 f"{capability!r} in {root / 'credentials'}",
-                                 hint=f"capabilities defined: {', '.join(capabilities) or '(none)'}")
+                defined = ", ".join(capabilities) or "(none)"
+                raise InputError(f"{display_path(skill_dir / 'SKILL.md')}: capabilities: no "
+                                 f"capability {capability!r} in {root / 'credentials'}",
+                                 hint=f"capabilities defined: {defined}")
 
     roles = {}
     roles_dir = root / "roles"
@@ -350,7 +364,7 @@ def load_blueprint(root: Path, templates: Path | None = None) -> Blueprint:
     if attr_path.exists():
         attributes = load_model(attr_path, Attributes)
 
-    ignore = pathspec.PathSpec([])
+    ignore: pathspec.PathSpec = pathspec.PathSpec([])
     ignore_path = root / ".fleetignore"
     if ignore_path.exists():
         ignore = pathspec.PathSpec.from_lines("gitignore",

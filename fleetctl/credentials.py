@@ -31,13 +31,8 @@ from fleetctl.manifest import DIR, FILE, Entry, sha256_digest
 from fleetctl.protocol import CREDENTIALS_TOP as CREDENTIALS_TOP
 from fleetctl.protocol import LEFTOVER_PREFIX as LEFTOVER_PREFIX
 from fleetctl.protocol import is_credential_path as is_credential_path
-from fleetctl.secrets import (
-    REDACTED,
-    Secret,
-    SecretStore,
-    SecretUnavailable,
-    source_kind,
-)
+from fleetctl.secrets import REDACTED, Secret, SecretStore, SecretUnavailable, source_kind
+from fleetctl.templating import render_template
 from fleetctl.yamlfile import display_path
 
 # CREDENTIALS_TOP, LEFTOVER_PREFIX and is_credential_path (where credentials live, how a
@@ -138,7 +133,6 @@ def render_credentials(blueprint: Blueprint, host: Host,
             text, a template error (any copy of the secret in its message is replaced by
             ``[redacted]``), or two capabilities rendering one file name.
     """
-    from fleetctl.render import render_template  # render imports this module
 
     tree = CredentialTree()
     store = host.secrets or SecretStore(blueprint.root)

@@ -17,23 +17,23 @@ gives no value (an unset variable, a missing program, an unreadable file): the a
 skip (:class:`Skipped`) and runs every other rule, static and live, which need no value.
 
 No secret value ever reaches a finding: secrets are compared by :attr:`Secret.digest` and shown
-by a short digest prefix. The core never imports typer or rich; ``fleetctl/cli_creds.py``
-renders the text table, :func:`to_json` and :func:`to_markdown` the documents. See
+by a short digest prefix. This module returns records; the text table, the JSON and the Markdown
+are rendered in the CLI layer (:mod:`fleetctl.cli.output.creds`). See
 ``docs/credentials-audit.md``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import CREDENTIALS_TOP, LEFTOVER_PREFIX, is_credential_path
-from fleetctl.errors import (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, FleetctlError, worst_exit)
+from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, FleetctlError, worst_exit
 from fleetctl.inventory import Agent, Grant, Host, Inventory
 from fleetctl.manifest import DIR, Manifest
 from fleetctl.names import escape_name, printable
@@ -647,67 +647,10 @@ def audit_credentials(blueprint: Blueprint, inventory: Inventory, hosts: list[Ho
             progress.host_finished(audit)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
-        pending = {pool.submit(one, h, a) for h, a in zip(hosts, audits)}
+        pending = {pool.submit(one, h, a) for h, a in zip(hosts, audits, strict=True)}
         while pending:
             try:
                 _, pending = concurrent.futures.wait(pending, timeout=0.2)
             except KeyboardInterrupt:  # end the scans; every host is still reported
                 interrupt_all()
     return AuditReport(audits)
-
-
-# --- documents --------------------------------------------------------------------------------
-
-
-def host_json(audit: HostAudit) -> dict[str, Any]:
-    """One host's record: ``host, status, exit_code, scanned, findings, error, hint,
-    unreadable, skipped``."""
-    unreadable = []
-    for path, error in audit.unreadable:
-        shown, escaped = escape_name(path)
-        unreadable.append({"path": shown, **({"path_escaped": True} if escaped else {}),
-                           "error": error})
-    return {"host": audit.host, "status": audit.status, "exit_code": audit.exit_code,
-            "scanned": audit.scanned, "findings": len(audit.findings),
-            "error": escape_name(audit.error)[0] if audit.error else None,
-            "hint": escape_name(audit.hint)[0] if audit.hint else None,
-            "unreadable": unreadable, "skipped": [k.to_json() for k in audit.skipped]}
-
-
-def to_json(report: AuditReport) -> str:
-    """The JSON document (``schema_version`` 1, ``docs/credentials-audit.md``), one line each
-    key, ending with a newline."""
-    doc = {"schema_version": SCHEMA_VERSION, "command": COMMAND, "exit_code": report.exit_code,
-           "findings": [f.to_json() for f in report.findings],
-           "hosts": [host_json(h) for h in report.hosts],
-           "summary": report.summary()}
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-
-
-def _md(text: str | None) -> str:
-    return printable(text or "").replace("|", "\\|").replace("`", "\\`")
-
-
-def to_markdown(report: AuditReport) -> str:
-    """A Markdown report: hosts with their status, then one table of findings."""
-    scope = "static rules only (--static)" if report.static_only else "static and live rules"
-    summary = report.summary()
-    lines = [f"# fleetctl {COMMAND}", "",
-             f"{summary['findings']} finding(s) on {summary['hosts']} host(s), {scope}; "
-             f"exit {report.exit_code}.", "",
-             "| host | status | findings | note |", "| --- | --- | --- | --- |"]
-    for h in report.hosts:
-        lines.append(f"| {_md(h.host)} | {h.status} | {len(h.findings)} | {_md(h.error)} |")
-        for path, error in h.unreadable:
-            lines.append(f"| | | | unreadable: {_md(path)}: {_md(error)} |")
-        for k in h.skipped:
-            lines.append(f"| | | | skipped: {_md(k.describe())} |")
-    if report.findings:
-        lines += ["", "## Findings", "",
-                  "| severity | host | agent | capability | rule | finding | where |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for f in report.findings:
-            lines.append(f"| {f.severity} | {_md(f.host)} | {_md(f.agent)} | "
-                         f"{_md(f.capability)} | `{f.rule}` | {_md(f.message)} | "
-                         f"{_md(f.path or f.where)} |")
-    return "\n".join(lines) + "\n"

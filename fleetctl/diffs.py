@@ -88,10 +88,11 @@ def diff_contents(path: str, live: bytes | None, desired: bytes | None,
     JSON file whose data is equal but whose text is not (indentation, comments, key order) is
     shown as text, with a note.
     """
-    sizes = dict(live_size=None if live is None else len(live),
-                 desired_size=None if desired is None else len(desired),
-                 live_digest=None if live is None else sha256_digest(live),
-                 desired_digest=None if desired is None else sha256_digest(desired))
+    sizes: dict[str, Any] = dict(live_size=None if live is None else len(live),
+                                 desired_size=None if desired is None else len(desired),
+                                 live_digest=None if live is None else sha256_digest(live),
+                                 desired_digest=None if desired is None else
+                                 sha256_digest(desired))
     live_text = "" if live is None else _decode(live)
     want_text = "" if desired is None else _decode(desired)
     if live_text is None or want_text is None:
@@ -191,11 +192,11 @@ def diffs_for(host: Any, contents: dict[str, bytes], changes: list[Any],
         from fleetctl.hostops import read_live_files as read
     picked: dict[str, Any] = {}
     for change in changes:
-        live, want = change.live, change.desired
-        if (live is None or live.type != "file") and (want is None or want.type != "file"):
+        was, want = change.live, change.desired
+        if (was is None or was.type != "file") and (want is None or want.type != "file"):
             continue
-        if live is not None and want is not None and live.type == want.type == "file" and \
-                live.digest == want.digest:
+        if was is not None and want is not None and was.type == want.type == "file" and \
+                was.digest == want.digest:
             continue
         picked.setdefault(change.path, change)
     out = []

@@ -19,8 +19,8 @@ refusal. ``unknown`` is kept for adopting a box that has content but no record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pathspec
 

@@ -16,7 +16,7 @@ EXIT_REFUSED = 3
 _SEVERITY = {EXIT_OK: 0, EXIT_FINDINGS: 1, EXIT_REFUSED: 2, EXIT_ERROR: 3}
 
 
-def worst_exit(codes: "list[int] | tuple[int, ...]") -> int:
+def worst_exit(codes: list[int] | tuple[int, ...]) -> int:
     """Return the most severe exit code of ``codes`` (2 > 3 > 1 > 0); 0 for an empty list."""
     return max(codes, key=lambda c: _SEVERITY.get(c, 3), default=EXIT_OK)
 
@@ -52,11 +52,11 @@ class IncompleteScan(HostError):
 
 
 class HostKeyError(HostError):
-    """A host's key is unknown to known_hosts or does not match it (docs/invariants.md, invariant 7)."""
+    """A host's key is unknown to known_hosts or does not match it (invariant 7)."""
 
 
 class PermissionDenied(HostError):
-    """The host refused an operation; fleetctl stops and names it (docs/invariants.md, invariant 8)."""
+    """The host refused an operation; fleetctl stops and names it (invariant 8)."""
 
 
 class ShipRefused(FleetctlError):

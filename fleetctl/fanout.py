@@ -11,7 +11,8 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from fleetctl.session import interrupt_all
 

@@ -9,6 +9,7 @@ resolved against the inventory file's directory.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,12 @@ class Inventory:
         return [by_name[n] for n in dict.fromkeys(names)]
 
 
+def _setting(host: Any, defaults: Any, key: str) -> Any:
+    """A host's own setting ``key``, else the inventory's default for it."""
+    value = getattr(host, key)
+    return value if value is not None else getattr(defaults, key)
+
+
 def load_inventory(path: Path, roles: set[str] | None = None,
                    blueprint: Blueprint | None = None) -> Inventory:
     """Load and validate an inventory file.
@@ -270,11 +277,7 @@ def load_inventory(path: Path, roles: set[str] | None = None,
     hosts = []
     for name, h in spec.hosts.items():
         d = spec.defaults
-
-        def pick(key: str) -> Any:
-            value = getattr(h, key)
-            return value if value is not None else getattr(d, key)
-
+        pick = functools.partial(_setting, h, d)
         transport = pick("transport") or "ssh"
         root = pick("root")
         if not root:
@@ -286,7 +289,7 @@ def load_inventory(path: Path, roles: set[str] | None = None,
             raise input_error(path, node, ["hosts", name, "root"],
                               f"must be an absolute path on the host, got {root!r}")
         host_vars = {**d.vars, **h.vars}
-        agents = []
+        agents: list[Agent] = []
         for agent_name, a in h.agents.items():
             if roles is not None and a.role not in roles:
                 raise input_error(

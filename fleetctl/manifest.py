@@ -11,8 +11,9 @@ tree changing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from fleetctl.protocol import manifest_digest, path_sort_key
 
@@ -52,9 +53,10 @@ class Entry:
         return {k: getattr(self, k) for k in _FIELDS if getattr(self, k) is not None}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Entry":
+    def from_json(cls, data: Mapping[str, Any]) -> Entry:
         """Build an entry from :meth:`to_json` output (unknown keys are ignored)."""
-        return cls(**{k: data.get(k) for k in _FIELDS})
+        fields: dict[str, Any] = {k: data.get(k) for k in _FIELDS}
+        return cls(**fields)
 
 
 _FIELDS = ("path", "type", "mode", "owner", "size", "digest", "target")
@@ -102,7 +104,7 @@ class Manifest:
         """Return every path in sorted order."""
         return list(self._by_path)
 
-    def with_default_owner(self, owner: str) -> "Manifest":
+    def with_default_owner(self, owner: str) -> Manifest:
         """Return a copy where entries without an owner get ``owner`` (``"user:group"``)."""
         return Manifest(e if e.owner else replace(e, owner=owner) for e in self)
 
@@ -111,7 +113,7 @@ class Manifest:
         return [e.to_json() for e in self]
 
     @classmethod
-    def from_json(cls, data: Iterable[Mapping[str, Any]]) -> "Manifest":
+    def from_json(cls, data: Iterable[Mapping[str, Any]]) -> Manifest:
         """Build a manifest from :meth:`to_json` output."""
         return cls(Entry.from_json(d) for d in data)
 

@@ -18,7 +18,7 @@ The run has three stages, each a plain function, none of which imports typer or 
    findings stay in the report, marked, and do not fail; an entry past its expiry date accepts
    nothing and its findings fail again) and ``--fail-on``.
 3. :func:`report_document` turns it into the JSON document (``docs/report.md``,
-   ``docs/report.schema.json``); :mod:`fleetctl.nightly_render` renders that document as
+   ``docs/report.schema.json``); :mod:`fleetctl.cli.output.nightly` renders that document as
    Markdown, JUnit XML, HTML or text, so every format says the same thing.
 
 Exit codes (DESIGN.md §4): 0 nothing fails, 1 a finding fails, 2 a check could not run on a host
@@ -33,9 +33,10 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError
 from fleetctl.names import escape_name, printable, safe_text
@@ -224,7 +225,7 @@ def now_utc(text: str | None = None) -> str:
         InputError: ``text`` is not an ISO 8601 time.
     """
     if text is None:
-        when = dt.datetime.now(dt.timezone.utc)
+        when = dt.datetime.now(dt.UTC)
     else:
         try:
             when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
@@ -232,8 +233,8 @@ def now_utc(text: str | None = None) -> str:
             raise InputError(f"--now {text!r}: not an ISO 8601 time",
                              hint="e.g. 2026-12-01T03:00:00Z") from None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = when.replace(tzinfo=dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def drift_findings(result: Any) -> list[Finding]:
@@ -241,7 +242,7 @@ def drift_findings(result: Any) -> list[Finding]:
     path and origin (its change kinds together), one for a stale checkout, one per missing
     account."""
     from fleetctl.credentials import is_credential_path
-    from fleetctl.report import change_json
+    from fleetctl.records import change_json
 
     grouped: dict[tuple[str, str], list[Any]] = {}
     for change in result.changes:

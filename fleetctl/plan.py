@@ -114,7 +114,7 @@ def plan_digest(changes: list[Change] | tuple[Change, ...], desired: Manifest,
     return sha256_digest(body.encode("ascii"))
 
 
-def plan_ship(host: "Host", state: "LiveState", desired: Manifest, changes: list[Change],
+def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Change],
               found: Ancestry, accounts: list[str], options: PlanOptions) -> ShipPlan:
     """Decide what a ship of ``host`` does, from its scan; no I/O.
 
@@ -130,8 +130,9 @@ def plan_ship(host: "Host", state: "LiveState", desired: Manifest, changes: list
     The checks, in order: the host's identity, its layout, an incomplete scan (exit 2); hand-
     patches not overridden, a stale checkout, a plan other than the one confirmed (exit 3).
     """
-    common = dict(changes=tuple(changes), ancestry=found, accounts=tuple(accounts),
-                  digest=plan_digest(changes, desired, state.current))
+    common: dict[str, Any] = dict(changes=tuple(changes), ancestry=found,
+                                  accounts=tuple(accounts),
+                                  digest=plan_digest(changes, desired, state.current))
     problem = identity_problem(host, state, options.renamed_from)
     if problem:
         return ShipPlan(host.name, ERROR, reason=problem[0], hint=problem[1], step="scan",
@@ -185,7 +186,7 @@ def _stale_hint(found: Ancestry) -> str:
             "rollback; --force ships it anyway and records that")
 
 
-def identity_problem(host: "Host", state: "LiveState",
+def identity_problem(host: Host, state: LiveState,
                      renamed_from: str | None = None) -> tuple[str, str] | None:
     """Why the host reached is not the one the inventory entry names: ``(message, hint)``.
 
@@ -209,7 +210,7 @@ def identity_problem(host: "Host", state: "LiveState",
             f"was renamed on purpose, ship it with --renamed-from {name}")
 
 
-def describe_target(host: "Host") -> str:
+def describe_target(host: Host) -> str:
     """Where an inventory entry leads: ``local /root`` or ``user@address:port /root``."""
     if host.transport == "local":
         return f"local {host.root}"
@@ -220,7 +221,7 @@ def describe_target(host: "Host") -> str:
 LAYOUT_KINDS = ("dir", "other")
 
 
-def layout_problem(host: "Host", state: "LiveState") -> str | None:
+def layout_problem(host: Host, state: LiveState) -> str | None:
     """Why a ship cannot replace this host's ``current`` (the host-side check, for dry runs)."""
     if state.current_kind not in LAYOUT_KINDS:
         return None
@@ -236,11 +237,14 @@ def content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], lis
     """
     have: dict[str, str] = {}
     for entry in live:
-        if entry.type == FILE and not is_credential_path(entry.path):
+        if entry.type == FILE and entry.digest is not None \
+                and not is_credential_path(entry.path):
             have.setdefault(entry.digest, entry.path)
-    sources, blobs = {}, []
+    sources: dict[str, str] = {}
+    blobs: list[str] = []
     for entry in desired:
-        if entry.type != FILE or is_credential_path(entry.path):
+        # A rendered file always has a digest; only an unchecked grant's (drift) has none.
+        if entry.type != FILE or entry.digest is None or is_credential_path(entry.path):
             continue
         same = live.get(entry.path)
         if same is not None and same.type == FILE and same.digest == entry.digest:
@@ -254,9 +258,10 @@ def content_plan(desired: Manifest, live: Manifest) -> tuple[dict[str, str], lis
 
 def secret_plan(desired: Manifest, live: Manifest) -> list[str]:
     """Digests of the credential files the host must write (new content or new path)."""
-    wanted = []
+    wanted: list[str] = []
     for entry in desired:
-        if entry.type != FILE or not is_credential_path(entry.path):
+        # An unchecked grant's file (drift) has no digest, and drift makes no plan.
+        if entry.type != FILE or entry.digest is None or not is_credential_path(entry.path):
             continue
         same = live.get(entry.path)
         if (same is None or same.type != FILE or same.digest != entry.digest) and \

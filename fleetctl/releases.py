@@ -156,7 +156,9 @@ def read_releases(host: Host) -> HostReleases:
                 out.warnings.append(f"skipped a release with a name that is not a release id: "
                                     f"{rid!r:.80}")
                 continue
-            meta = event.get("meta") if isinstance(event.get("meta"), dict) else {}
+            meta = event.get("meta")
+            if not isinstance(meta, dict):
+                meta = {}
             commit, clean = _commit(meta.get("source"))
             out.releases.append(ReleaseInfo(
                 rid, rid == out.current, bool(event.get("recorded")), _text(meta.get("created")),
@@ -240,7 +242,9 @@ def rollback(host: Host, to: str | None = None, force: bool = False) -> Rollback
     release, previous = _text(done.get("release")), _text(done.get("previous"))
     if release is None or previous is None:
         raise HostError(f"{host.name}: the host's answer to the rollback is not usable")
-    differences = done.get("differences") if isinstance(done.get("differences"), list) else []
+    differences = done.get("differences")
+    if not isinstance(differences, list):
+        differences = []
     return RollbackResult(host.name, release, previous, tuple(str(d) for d in differences),
                           done.get("unchanged") is True)
 

@@ -5,7 +5,8 @@ The desired tree of a host (DESIGN.md §2, layout in ``docs/layout.md``)::
     runner/...                       blueprint/runner, templates rendered
     skills/<name>/...                each skill a role on this host uses
     agents/<agent>/agent.yaml        the agent's config, from templates/agent.yaml.j2
-    agents/<agent>/prefix-tokens.json  exact o200k counts of its runner prefix (tokens.prefix_counts)
+    agents/<agent>/prefix-tokens.json  exact o200k counts of its runner prefix
+                                     (:mod:`fleetctl.tokencount.prefix_counts`)
     agents/<agent>/mcp-bridge.json   its role's ``via: bridge`` MCP servers, for the mcp-bridge CLI
     credentials/<agent>/<file>       its granted credentials (:mod:`fleetctl.credentials`),
                                      beside the releases on the host, never inside one
@@ -20,13 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import jinja2
 
 from fleetctl.blueprint import Blueprint, Role
 from fleetctl.credentials import UncheckedGrant, credentials_dir, render_credentials
@@ -34,7 +31,8 @@ from fleetctl.errors import InputError
 from fleetctl.inventory import Agent, Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, Entry, Manifest, sha256_digest
 from fleetctl.secrets import Secret
-from fleetctl.tokens.prefix_counts import PREFIX_COUNTS, prefix_counts
+from fleetctl.templating import render_template
+from fleetctl.tokencount.prefix_counts import PREFIX_COUNTS, prefix_counts
 
 TEMPLATE_SUFFIX = ".j2"
 AGENT_CONFIG_TEMPLATE = "agent.yaml.j2"
@@ -134,66 +132,10 @@ def agent_context(blueprint: Blueprint, host: Host, agent: Agent) -> dict[str, A
 
 def _role_data(role: Role) -> dict[str, Any]:
     """The role for templates; its ``agent_command`` with the harness's tool flags for the
-    role's ``tools:`` (:func:`fleetctl.tokens.declare.harness_command`)."""
-    from fleetctl.tokens.declare import harness_command
+    role's ``tools:`` (:func:`fleetctl.roledecl.harness_command`)."""
+    from fleetctl.roledecl import harness_command
 
     return {**role.model_dump(), "agent_command": harness_command(role)}
-
-
-_UNDEFINED = re.compile(r"'([^']+)' is undefined")
-
-
-def render_template(source: bytes, name: str, context: dict[str, Any]) -> bytes:
-    """Render one Jinja2 template given as bytes; return bytes.
-
-    Args:
-        source: the template's bytes (UTF-8).
-        name: how errors name the template (its path in the blueprint).
-        context: template variables.
-
-    Raises:
-        InputError: not UTF-8, a syntax error, or an undefined variable (with line and name).
-    """
-    try:
-        text = source.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{name}: a template must be UTF-8 text (bad byte at offset {exc.start})",
-                         hint="drop the .j2 suffix to copy the file byte for byte") from None
-    # Jinja normalises every newline to newline_sequence: keep the template's own style.
-    newline = "\r\n" if "\r\n" in text else "\n"
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             newline_sequence=newline, autoescape=False)
-    try:
-        template = env.from_string(text)
-        template.name = name
-        out = template.render(context)
-    except jinja2.TemplateSyntaxError as exc:
-        raise InputError(f"{name}:{exc.lineno}: template syntax error: {exc.message}") from None
-    except jinja2.UndefinedError as exc:
-        line = _template_line(exc)
-        match = _UNDEFINED.search(exc.message or "")
-        what = f"undefined variable {match.group(1)!r}" if match else (exc.message or "undefined")
-        hint = ("define it under vars: for the host or the agent in the inventory"
-                if match else None)
-        raise InputError(f"{name}{':' + str(line) if line else ''}: {what}", hint=hint) from None
-    except jinja2.TemplateError as exc:
-        line = _template_line(exc)
-        raise InputError(f"{name}{':' + str(line) if line else ''}: template error: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - a template's own arithmetic, filters, include...
-        line = _template_line(exc)
-        what = ("include/extends/import are not supported: each template renders on its own"
-                if "no loader" in str(exc) else f"{exc.__class__.__name__}: {exc}")
-        raise InputError(f"{name}{':' + str(line) if line else ''}: template error: {what}") from None
-    return out.encode("utf-8")
-
-
-def _template_line(exc: BaseException) -> int | None:
-    # Jinja rewrites tracebacks so template frames carry the template's own line numbers.
-    line = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename == "<template>":
-            line = frame.lineno
-    return line
 
 
 def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True,
@@ -305,7 +247,7 @@ def bridge_config(role: Role, role_file: Path | None = None) -> bytes | None:
         InputError: a ``via: bridge`` server in a role without the ``mcp-bridge`` skill (file,
             line and key).
     """
-    from fleetctl.tokens.declare import VIA_BRIDGE, check_bridged_servers
+    from fleetctl.roledecl import VIA_BRIDGE, check_bridged_servers
 
     if role_file is not None:
         check_bridged_servers(role_file, role)
@@ -350,14 +292,17 @@ def _write_tree(tree: DesiredTree, out: Path) -> None:
     for entry in tree.manifest:
         dest = os.path.join(os.fsencode(out), os.fsencode(entry.path))
         if entry.type == DIR:
+            assert entry.mode is not None  # a desired tree gives every directory and file a mode
             os.mkdir(dest, 0o700)
             dirs.append((dest, int(entry.mode, 8)))
         elif entry.type == SYMLINK:
+            assert entry.target is not None  # and every symlink a target
             os.symlink(os.fsencode(entry.target), dest)
         else:
-            data = tree.contents.get(entry.digest)
+            data = tree.contents.get(entry.digest or "")
             if data is None:  # a secret: never written here (see the docstring)
                 raise InputError(f"{entry.path}: a credential file; render without credentials")
+            assert entry.mode is not None
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

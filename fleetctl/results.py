@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
-from fleetctl.livestate import Unreadable
 from fleetctl.diffs import FileDiff
+from fleetctl.livestate import Unreadable
 from fleetctl.source import Ancestry
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class HostResult:
     identity: str | None = None
     in_progress: str | None = None
     diffs: list[FileDiff] | None = None
-    unchecked: list["UncheckedGrant"] = field(default_factory=list)
+    unchecked: list[UncheckedGrant] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

@@ -26,11 +26,21 @@ import re
 import signal
 import stat
 import subprocess
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Annotated, Any, Hashable, Union
+from typing import Annotated, Any
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      ValidatorFunctionWrapHandler, WrapValidator, field_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+)
 
 from fleetctl.errors import InputError
 from fleetctl.yamlfile import display_path
@@ -70,6 +80,8 @@ class Secret:
     """
 
     __slots__ = ("_value", "_digest")
+    _value: bytes
+    _digest: str
 
     def __init__(self, value: bytes) -> None:
         if not isinstance(value, bytes):
@@ -108,10 +120,10 @@ class Secret:
     def __delattr__(self, name: str) -> None:
         raise AttributeError("Secret is immutable")
 
-    def __copy__(self) -> "Secret":
+    def __copy__(self) -> Secret:
         return self
 
-    def __deepcopy__(self, memo: dict) -> "Secret":
+    def __deepcopy__(self, memo: dict) -> Secret:
         return self
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -193,12 +205,13 @@ def _source_kind(value: Any) -> str | None:
             if kind in value:
                 return kind
         return None
-    return {EnvSource: "env", FileSource: "file", CommandSource: "command"}.get(type(value))
+    kinds: dict[type, str] = {EnvSource: "env", FileSource: "file", CommandSource: "command"}
+    return kinds.get(type(value))
 
 
 _TaggedSource = Annotated[
-    Union[Annotated[EnvSource, Tag("env")], Annotated[FileSource, Tag("file")],
-          Annotated[CommandSource, Tag("command")]],
+    Annotated[EnvSource, Tag("env")] | Annotated[FileSource, Tag("file")]
+    | Annotated[CommandSource, Tag("command")],
     Discriminator(_source_kind, custom_error_type="secret_source",
                   custom_error_message="Expected a secret source: {env: NAME}, {file: PATH} "
                                        "or {command: [program, args...]}"),
@@ -322,7 +335,7 @@ def _from_file(source: FileSource, base_dir: Path) -> Secret:
     return secret
 
 
-def redact(text: bytes, values: "list[bytes]") -> bytes:
+def redact(text: bytes, values: list[bytes]) -> bytes:
     """Replace every occurrence of each non-blank value in ``text`` with ``[redacted]``.
 
     Longer values are cut first so that a value containing another is removed whole.

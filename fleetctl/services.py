@@ -19,7 +19,8 @@ from fleetctl.errors import InputError
 from fleetctl.inventory import Host
 from fleetctl.manifest import sha256_digest
 from fleetctl.protocol import UNIT_PREFIX, UNIT_SUFFIX
-from fleetctl.render import agent_context, render_template
+from fleetctl.render import agent_context
+from fleetctl.templating import render_template
 
 UNIT_TEMPLATE = "fleet-runner.service.j2"
 

@@ -19,13 +19,11 @@ an agent's records, could not be read.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
-from fleetctl.names import printable
 
 SCHEMA_VERSION = 1
 ATTENTION_OUTCOMES = ("gave-up", "denied", "refused")
@@ -64,7 +62,7 @@ class AgentStatus:
     escalation_list: list[dict[str, Any]] = field(default_factory=list)
     turns: int = 0
     prefix_median: float | None = None
-    prefix_last: int | None = None
+    prefix_last: int | float | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -186,51 +184,3 @@ def fleet_status(hosts: list[Any], parallel: int = 8) -> FleetStatus:
         if r.status == "error":
             out[r.host].status, out[r.host].error = "error", r.error
     return FleetStatus([out[h.name] for h in hosts])
-
-
-def to_json(report: FleetStatus) -> str:
-    """``{"schema_version", "command": "status", "exit_code", "hosts": [...]}``."""
-    return json.dumps({"schema_version": SCHEMA_VERSION, "command": "status",
-                       "exit_code": report.exit_code,
-                       "hosts": [h.to_json() for h in report.hosts]},
-                      indent=2, ensure_ascii=False) + "\n"
-
-
-def _n(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float) and not v.is_integer():
-        return f"{v:,.1f}"
-    return f"{int(v):,}"
-
-
-def to_text(report: FleetStatus) -> str:
-    """Plain lines: one per host, one per agent under it; not padded to a width."""
-    lines = []
-    for h in report.hosts:
-        if h.status == "error":
-            lines.append(f"{printable(h.host)}: ERROR: {printable(h.error or '')}")
-            continue
-        commit = (h.commit or "-")[:12]
-        lines.append(f"{printable(h.host)}: release {h.release or 'none'}, commit {commit}"
-                     + (f", shipped {h.shipped_at} by {printable(h.shipped_by)}"
-                        if h.shipped_at and h.shipped_by else ""))
-        for a in h.agents:
-            if a.last_task is None:
-                task = "no task yet"
-            else:
-                task = (f"last task {printable(a.last_task)}: {a.outcome}"
-                        + (f" (last attempt {a.verdict})" if a.verdict else "")
-                        + f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}")
-            esc = f"{a.escalations} escalation(s) waiting" if a.escalations else \
-                "no escalation waiting"
-            tokens = (f"prefix tokens/turn median {_n(a.prefix_median)}, last "
-                      f"{_n(a.prefix_last)} ({a.turns} turn(s))" if a.turns else "no turns yet")
-            mark = "! " if a.attention else "  "
-            lines.append(f"{mark}{printable(a.agent)} ({a.role}): {task}; {esc}; {tokens}")
-            for e in a.escalation_list[:3]:
-                lines.append(f"    escalation {e.get('kind')}: task {printable(str(e.get('task')))}"
-                             f": {printable(str(e.get('reason') or ''))[:160]}")
-            for error in a.errors:
-                lines.append(f"    unreadable: {printable(error)}")
-    return "\n".join(lines) + ("\n" if lines else "")

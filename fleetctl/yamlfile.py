@@ -7,11 +7,13 @@ into one :class:`~fleetctl.errors.InputError` per file listing each bad key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from fleetctl.errors import InputError
 
@@ -30,7 +32,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
     keeps the last silently, so a second host of the same name would hide the first)."""
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+    def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
@@ -112,7 +114,7 @@ def input_error(path: Path, node: yaml.Node | None, key_path: Sequence[Any],
     return InputError(f"{where}: {key_path_text(key_path)}: {problem}", hint=hint)
 
 
-def _problem(err: dict) -> str:
+def _problem(err: ErrorDetails) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if err["type"] == "missing":

@@ -64,8 +64,11 @@ if [ "${1:-}" = "--test" ]; then
   fi
   # The runner's gate tests run real checkers (tests/test_runner_gates.py): ruff and mypy in the
   # venv, tsc in a project-local node directory (node and npm come with the machine). Pinned:
-  # the tests compare their messages.
-  .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1
+  # the tests compare their messages. tests/test_codebase.py runs ruff, mypy (with the stubs
+  # below) and import-linter's lint-imports over fleetctl itself (pyproject.toml).
+  .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1 \
+    import-linter==2.16 types-PyYAML==6.0.12.20261122 types-paramiko==5.1.0.20261030 \
+    types-jsonschema==4.26.0.20261006
   # tests/test_host_inprocess.py: the host program (fleetctl/host, fleetctl/protocol.py) must run
   # on the oldest python3 a host may have (3.8); vermin reads the minimum version off the code.
   .venv/bin/python -m pip install -q --disable-pip-version-check vermin==1.9.2

@@ -168,7 +168,7 @@ def test_declining_with_json_still_writes_the_document(tmp_path):
 def test_markdown_code_spans_survive_backticks(name, expected):
     """Regression: a backtick in a name was backslash-escaped inside a code span, where
     Markdown does not honour backslashes."""
-    from fleetctl.report import _md_code
+    from fleetctl.cli.output.markdown import md_code as _md_code
     assert _md_code(name) == expected
 
 
@@ -176,7 +176,7 @@ def test_an_internal_error_exits_2_with_the_traceback_only_under_debug(tmp_path,
     """Anything that is not a user-facing error is an internal error: one line and a hint, exit
     2 (never 1, which CI reads as drift found); --debug adds the traceback. The failure is
     planted in the report renderer, past every per-host guard."""
-    import fleetctl.cli
+    import fleetctl.cli.drift
 
     bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
     inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box")})
@@ -184,7 +184,7 @@ def test_an_internal_error_exits_2_with_the_traceback_only_under_debug(tmp_path,
     def broken(*_args, **_kw):
         raise ValueError("renderer exploded")
 
-    monkeypatch.setattr(fleetctl.cli, "to_json", broken)
+    monkeypatch.setattr(fleetctl.cli.drift, "to_json", broken)
     plain = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
     assert plain.code == 2
     assert "internal error: ValueError: renderer exploded" in plain.stderr

@@ -383,7 +383,7 @@ def _doc_with(findings: int, hosts: int = 3) -> dict:
 
 def test_markdown_snapshot():
     """The Markdown of a fixed document, byte for byte (tests/data/report-snapshot.md)."""
-    from fleetctl.nightly_render import to_markdown
+    from fleetctl.cli.output.nightly import to_markdown
 
     expected = (Path(__file__).parent / "data" / "report-snapshot.md").read_text()
     assert to_markdown(_doc_with(4, hosts=2)) == expected
@@ -392,7 +392,7 @@ def test_markdown_snapshot():
 def test_markdown_stays_under_the_summary_limit():
     """20 000 findings over 50 hosts: the summary is at most 1 MiB, says it was cut and how
     many findings it shows, and shows exactly that many rows."""
-    from fleetctl.nightly_render import MARKDOWN_LIMIT_BYTES, to_markdown
+    from fleetctl.cli.output.nightly import MARKDOWN_LIMIT_BYTES, to_markdown
 
     md = to_markdown(_doc_with(20000, hosts=50))
     size = len(md.encode("utf-8"))
@@ -408,7 +408,7 @@ def test_markdown_stays_under_the_summary_limit():
 
 def test_markdown_of_a_very_large_fleet_stays_under_the_limit():
     """3 000 hosts with a finding each: headlines for as many hosts as fit, under 1 MiB."""
-    from fleetctl.nightly_render import MARKDOWN_LIMIT_BYTES, to_markdown
+    from fleetctl.cli.output.nightly import MARKDOWN_LIMIT_BYTES, to_markdown
 
     md = to_markdown(_doc_with(3000, hosts=3000))
     assert len(md.encode("utf-8")) <= MARKDOWN_LIMIT_BYTES

@@ -156,7 +156,7 @@ def test_a_script_that_slipped_into_the_page_would_not_run(tmp_path):
     """Defence in depth: the page's CSP allows its own script by digest only. The same page
     with one more inline script (as if a host's text had escaped escaping) still runs its own
     (data-ready) but not the added one, and Chromium reports the refusal."""
-    from fleetctl.nightly_render import to_html
+    from fleetctl.cli.output.nightly import to_html
     from tests.test_report import _doc_with
 
     page = to_html(_doc_with(3))

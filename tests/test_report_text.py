@@ -11,11 +11,11 @@ from rich.console import Console
 
 from fleetctl.blueprint import load_blueprint
 from fleetctl.inventory import load_inventory
-from fleetctl.report import print_text
+from fleetctl.cli.output.results import print_text
 from fleetctl.results import NoProgress
 from fleetctl.ship import drift_host, run_hosts
 from fleetctl.source import inspect_source
-from fleetctl.textout import wrap_path
+from fleetctl.cli.output.text import wrap_path
 from tests.helpers import cli, git, local_host, make_project, write_inventory
 
 LONG = ["runner/conf.d/long-directory-name/and-another-one/a-long-file-name.conf",

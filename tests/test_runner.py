@@ -235,7 +235,7 @@ def test_a_clean_run_passes_and_is_recorded(make_fleet):
     # Exact: fleetctl counted the same components at render (prefix-tokens.json); the count is
     # checked here with the offline encoder on the prompt the agent really received.
     assert turn["token_counter"] == "o200k_base" and turn["tokens_exact"] is True
-    from fleetctl.tokens.offline import load_o200k
+    from fleetctl.tokencount.offline import load_o200k
 
     enc, _ = load_o200k()
     sections = prompt.split("\n\n")

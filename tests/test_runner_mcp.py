@@ -72,9 +72,9 @@ def test_via_mcp_servers_reach_the_agent_in_the_mcp_config_file(make_fleet):
 
 def test_the_runners_prefix_with_a_bridged_server_is_fleetctl_tokens_prefix(make_fleet):
     from fleetctl.tokens.audit import load_roles
-    from fleetctl.tokens.declare import bridged_servers
-    from fleetctl.tokens.measure import load_prefix_module
-    from fleetctl.tokens.offline import load_o200k
+    from fleetctl.roledecl import bridged_servers
+    from fleetctl.tokencount.prefixmodule import load_prefix_module
+    from fleetctl.tokencount.offline import load_o200k
     from tests.test_tokens_cli import tokens
 
     fleet = make_fleet("clean", skills=SKILLS, role={

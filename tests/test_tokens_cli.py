@@ -12,8 +12,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from fleetctl.cli_tokens import tokens_command
-from fleetctl.tokens.offline import PUBLISHED_SHA256
+from fleetctl.cli.tokens import tokens_command
+from fleetctl.tokencount.offline import PUBLISHED_SHA256
 from tests.mcp_servers.project import REPO, SNAPSHOT, make_tokens_project, tracker
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from fleetctl.blueprint import Role
-from fleetctl.tokens.declare import McpServerDecl
+from fleetctl.roledecl import McpServerDecl
 from fleetctl.tokens.mcp_list import list_servers, read_snapshot
 from tests.mcp_servers import tracker as tracker_module
 from tests.mcp_servers.project import REPO, SERVER, SNAPSHOT, TRACKER_ENV

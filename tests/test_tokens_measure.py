@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.tokens.counters import ClaudeCountTokens, O200kCounter, request_digest
-from fleetctl.tokens.measure import ORDER, load_prefix_module, measure_claude, measure_offline
+from fleetctl.tokencount.counters import ClaudeCountTokens, O200kCounter, request_digest
+from fleetctl.tokencount.prefixmodule import load_prefix_module
+from fleetctl.tokens.measure import ORDER, measure_claude, measure_offline
 
 REPO = Path(__file__).resolve().parents[1]
 P = load_prefix_module(REPO / "blueprint")
@@ -66,7 +67,7 @@ def test_mcp_tools_as_the_model_receives_them(tmp_path):
 def test_offline_counts_are_the_tokenizer_on_the_exact_bytes(tmp_path):
     import tiktoken  # noqa: F401 - the encoder below is built independently of fleetctl's
 
-    from fleetctl.tokens.offline import load_o200k
+    from fleetctl.tokencount.offline import load_o200k
 
     enc, _ = load_o200k()
 

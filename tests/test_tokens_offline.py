@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.tokens import offline
-from fleetctl.tokens.counters import CLAUDE_ESTIMATE, O200kCounter
-from fleetctl.tokens.offline import PUBLISHED_SHA256, TokenizerError, load_o200k
+from fleetctl.tokencount import offline
+from fleetctl.tokencount.counters import CLAUDE_ESTIMATE, O200kCounter
+from fleetctl.tokencount.offline import PUBLISHED_SHA256, TokenizerError, load_o200k
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_counts_with_no_network(tmp_path):
         "def refuse(*a, **k): raise OSError('network access attempted')\n"
         "socket.socket.connect = refuse\nsocket.create_connection = refuse\n"
         "socket.getaddrinfo = refuse\n"
-        "from fleetctl.tokens.counters import O200kCounter\n"
+        "from fleetctl.tokencount.counters import O200kCounter\n"
         "print(O200kCounter().count('hello world'))\n")
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache)}
     env.pop(offline.ENV_FILE, None)

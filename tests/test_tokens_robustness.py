@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from fleetctl.tokens.declare import McpServerDecl
+from fleetctl.roledecl import McpServerDecl
 from fleetctl.tokens.mcp_list import list_servers
 from tests.mcp_servers.project import REPO, TRACKER_ENV, make_tokens_project, tracker
 from tests.test_tokens_cli import tokens as run
@@ -195,7 +195,7 @@ def test_a_counter_that_drops_tool_definitions_is_refused_and_never_cached(tmp_p
     assert messages and all("drops them; not a measurement" in m for m in messages)
     cache = tmp_path / "cache" / "fleetctl" / "claude-count-tokens.json"
     cached = json.loads(cache.read_text()) if cache.exists() else {}
-    from fleetctl.tokens.counters import request_digest
+    from fleetctl.tokencount.counters import request_digest
 
     with_tools = [r for r in endpoint.requests if r.get("tools")]
     assert with_tools and not any(request_digest(r) in cached for r in with_tools)

@@ -22,7 +22,7 @@ INDEX = "CLIs on your PATH (run the command shown for usage before first use):"
 
 def _n(text: str) -> int:
     """Tokens of ``text``, counted with the encoder itself (not through fleetctl's counter)."""
-    from fleetctl.tokens.offline import load_o200k
+    from fleetctl.tokencount.offline import load_o200k
 
     enc, _ = load_o200k()
     return len(enc.encode_ordinary(text))

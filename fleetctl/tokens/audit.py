@@ -28,15 +28,20 @@ from typing import Any
 from fleetctl.blueprint import Role, load_blueprint
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError, worst_exit
 from fleetctl.inventory import load_inventory
-from fleetctl.tokens.counters import (CLAUDE_ESTIMATE, ClaudeCountTokens, CounterError,
-                                      JsonFileCache, O200kCounter, anthropic_client)
-from fleetctl.tokens.declare import (McpServerDecl, bridged_servers, check_bridged_servers,
-                                     mcp_servers)
+from fleetctl.roledecl import McpServerDecl, bridged_servers, check_bridged_servers, mcp_servers
+from fleetctl.tokencount.counters import (
+    CLAUDE_ESTIMATE,
+    ClaudeCountTokens,
+    CounterError,
+    JsonFileCache,
+    O200kCounter,
+    anthropic_client,
+)
+from fleetctl.tokencount.prefixmodule import load_prefix_module
 from fleetctl.tokens.mcp_list import ServerListing, list_servers
-from fleetctl.tokens.measure import (TOOL_PARTS, Measurement, load_prefix_module,
-                                     measure_claude, measure_offline)
-from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
+from fleetctl.tokens.measure import TOOL_PARTS, Measurement, measure_claude, measure_offline
 from fleetctl.tokens.models import ContextWindow, context_window
+from fleetctl.tokens.roleharness import RoleHarness, role_harness_part
 from fleetctl.yamlfile import display_path
 
 SCHEMA_VERSION = 1
@@ -250,7 +255,7 @@ def _select(inventory: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
     every = [(h.name, a) for h in inventory.hosts for a in h.agents]
     if not names:
         return every
-    chosen = []
+    chosen: list[tuple[str, Any]] = []
     unknown = []
     for name in dict.fromkeys(names):
         host, _, agent = name.rpartition("/")

@@ -26,9 +26,10 @@ Lines written by a runner that does not record calls have neither key. When no l
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from fleetctl.errors import FleetctlError
 
@@ -145,8 +146,8 @@ def declared_by_role(blueprint: Path, roles: dict[str, Any], role_names: Iterabl
     Returns:
         role name → :class:`Declared`.
     """
+    from fleetctl.roledecl import VIA_BRIDGE, bridged_servers
     from fleetctl.tokens.audit import _decl_key, _renamed
-    from fleetctl.tokens.declare import VIA_BRIDGE, bridged_servers
 
     blueprint = Path(blueprint)
     wanted = list(dict.fromkeys(role_names))
@@ -163,10 +164,10 @@ def declared_by_role(blueprint: Path, roles: dict[str, Any], role_names: Iterabl
     prefix_module = counter = None
     why = ""
     try:
-        from fleetctl.tokens.measure import load_prefix_module
+        from fleetctl.tokencount.prefixmodule import load_prefix_module
 
         prefix_module = load_prefix_module(blueprint)
-        from fleetctl.tokens.counters import O200kCounter
+        from fleetctl.tokencount.counters import O200kCounter
 
         counter = O200kCounter()
     except FleetctlError as exc:  # no builder (InputError), no tokenizer (TokenizerError)
@@ -210,7 +211,7 @@ def declared_by_role(blueprint: Path, roles: dict[str, Any], role_names: Iterabl
 
                     costs = measure_offline(prefix, counter, prefix_module, band=None).tools
                     tool_tokens.update({f"{t.server}/{t.mcp_name}": c.marginal_tokens
-                                        for t, c in zip(prefix.tools, costs)
+                                        for t, c in zip(prefix.tools, costs, strict=True)
                                         if t.server is not None})
         servers = tuple(ServerState(s.name, s.status, len(s.tools) if s.measured else 0,
                                     s.detail, via[s.name], line_tokens.get(s.name))

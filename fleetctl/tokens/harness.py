@@ -32,7 +32,7 @@ What each component is, in the first ``/v1/messages`` request the harness sent:
 Tools named ``mcp__…`` come from MCP servers: the audit counts those itself from their listings,
 so a profile never holds them (``mcp_tools_seen`` says how many the probe saw).
 
-Profiles are looked up by harness, tool set (:func:`fleetctl.tokens.declare.toolset_key`) and
+Profiles are looked up by harness, tool set (:func:`fleetctl.roledecl.toolset_key`) and
 version: a role's pinned version (``harness: claude-code@2.1.197``), else the newest profiled.
 """
 
@@ -307,7 +307,7 @@ def with_harness(measurement: Any, profile: Profile, tool_use_tokens: int | None
     """
     from dataclasses import replace
 
-    from fleetctl.tokens.counters import CLAUDE_ESTIMATE
+    from fleetctl.tokencount.counters import CLAUDE_ESTIMATE
     from fleetctl.tokens.measure import Component, ToolCost
 
     where = profile.path.name if profile.path else profile.file_name

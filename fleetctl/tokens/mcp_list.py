@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl.tokens.declare import McpServerDecl
+from fleetctl.roledecl import McpServerDecl
 
 MAX_PAGES = 1000
 STDERR_TAIL_LINES = 20
@@ -119,7 +119,7 @@ def _tools_of(result: Any, where: str) -> tuple[list[dict[str, Any]], str | None
 
 
 def read_snapshot(name: str, path: Path) -> ServerListing:
-    """A server's tools from a saved ``tools/list`` result (see :mod:`fleetctl.tokens.declare`)."""
+    """A server's tools from a saved ``tools/list`` result (see :mod:`fleetctl.roledecl`)."""
     source = f"snapshot: {path}"
     try:
         data = json.loads(path.read_text("utf-8"))
@@ -229,15 +229,15 @@ async def _list_stdio(name: str, decl: McpServerDecl, base: Path) -> ServerListi
             raise _Failed("non-json", f"wrote a line that is not a JSON-RPC message to stdout "
                                       f"during {phase}: {garbage[0]!r}")
         if "error" in out:
-            exc = out["error"]
-            if isinstance(exc, MCPError) and "closed" in str(exc).lower():
+            failure = out["error"]
+            if isinstance(failure, MCPError) and "closed" in str(failure).lower():
                 raise _Failed("crashed", f"the server closed its stdout (exited) during {phase}")
-            if isinstance(exc, MCPError):
-                raise _Failed("protocol-error", f"{phase} answered with an error: {exc}")
-            if isinstance(exc, ValidationError):
+            if isinstance(failure, MCPError):
+                raise _Failed("protocol-error", f"{phase} answered with an error: {failure}")
+            if isinstance(failure, ValidationError):
                 raise _Failed("protocol-error", f"{phase}: the answer is not valid: "
-                                                f"{str(exc).splitlines()[0]}")
-            raise exc
+                                                f"{str(failure).splitlines()[0]}")
+            raise failure
         if "value" not in out:
             status = "slow-start" if phase == "initialize" else "timeout"
             raise _Failed(status, f"no answer to {phase} within {timeout_s:g} s")
@@ -265,7 +265,10 @@ async def _list_stdio(name: str, decl: McpServerDecl, base: Path) -> ServerListi
                             params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
                         phase = f"tools/list page {pages + 1}"
                         result = await guarded(
-                            lambda r=request: session.send_request(r, TypeAdapter(dict[str, Any])),
+                            # The raw result, not the SDK's model, so fields it does not know
+                            # are measured too; the SDK accepts any validator at run time.
+                            lambda r=request: session.send_request(
+                                r, TypeAdapter(dict[str, Any])),  # type: ignore[type-var]
                             decl.request_timeout_s, phase)
                         pages += 1
                         try:

@@ -21,16 +21,11 @@ Fields only MCP knows (annotations, output schemas...) are not sent; their size 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fleetctl.errors import InputError
-from fleetctl.tokens.counters import CLAUDE_ESTIMATE, ClaudeCountTokens, Counter, EstimateBand
+from fleetctl.tokencount.counters import CLAUDE_ESTIMATE, ClaudeCountTokens, Counter, EstimateBand
 
 ORDER = ("role_prompt", "skills_index", "cli_index", "mcp_instructions", "shell_tool",
          "mcp_tools", "tool_use_system_prompt", "joins")
@@ -40,38 +35,6 @@ TOOL_PARTS = ("shell_tool", "mcp_tools", "mcp_instructions", "tool_use_system_pr
               "harness_tools")
 """The components that exist because of tools (what the bridge and stripping cut); the
 harness's built-in tools (``harness_tools``) come from its profile."""
-
-_MODULES: dict[str, ModuleType] = {}
-
-
-def load_prefix_module(blueprint: Path) -> ModuleType:
-    """Import ``<blueprint>/runner/fleet_runner/prefix.py`` (once per content).
-
-    Raises:
-        InputError: the file is missing or does not import.
-    """
-    path = Path(blueprint) / "runner" / "fleet_runner" / "prefix.py"
-    try:
-        source = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the runner's prefix builder: {exc.strerror}",
-                         hint="fleetctl tokens measures the prefix with the blueprint's runner") \
-            from None
-    name = "_fleetctl_prefix_" + hashlib.sha256(source).hexdigest()[:16]
-    if name not in _MODULES:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the class is made
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(name, None)
-            raise InputError(f"{path}: the runner's prefix builder does not import: "
-                             f"{type(exc).__name__}: {exc}") from None
-        _MODULES[name] = module
-    return _MODULES[name]
-
 
 @dataclass(frozen=True, slots=True)
 class Component:
@@ -168,7 +131,7 @@ def measure_offline(prefix: Any, counter: Counter, prefix_module: ModuleType,
     fixed, use = _tool_use(prefix)
     components = [Component(name, counter.count(text), "counted")
                   for name, text in prefix.parts().items()]
-    if prefix.tool_use is not None:
+    if prefix.tool_use is not None and use is not None:
         note = (f"{use['family']}, tool_choice {use['tool_choice']}: the provider's tokens, from "
                 f"its table" if fixed is not None else
                 f"unknown: model {use['model']!r} is not in the table; counted as 0")
@@ -243,7 +206,8 @@ def measure_claude(prefix: Any, api: ClaudeCountTokens, counter: Counter,
             "tool_use_system_prompt", fixed_table, "table",
             "one group of tools only: the fixed prompt cannot be separated by deltas")
     else:
-        fixed = tools_block - components["shell_tool"].tokens - components["mcp_tools"].tokens
+        fixed = tools_block - (components["shell_tool"].tokens or 0) \
+            - (components["mcp_tools"].tokens or 0)
         components["tool_use_system_prompt"] = Component(
             "tool_use_system_prompt", fixed, "remainder",
             "measured once: the tools block minus each group's delta")

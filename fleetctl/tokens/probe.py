@@ -4,7 +4,7 @@ For each role (and, beside it, the harness's default tool set) the probe:
 
 1. starts :class:`fleetctl.tokens.endpoint.ProbeEndpoint` on ``127.0.0.1``;
 2. runs the agent command as it is rendered for the host (``agent_command`` plus the harness's
-   tool flags for the role's ``tools:``, :func:`fleetctl.tokens.declare.harness_command`; for the
+   tool flags for the role's ``tools:``, :func:`fleetctl.roledecl.harness_command`; for the
    default set, the bare ``agent_command``), with ``{mcp_config}`` replaced by an empty MCP
    config file (``{"mcpServers": {}}``: MCP tools are counted by the audit from the servers'
    listings) and ``{model}`` by the role's model; the harness's base-URL variable points at the
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import InputError
-from fleetctl.tokens.declare import HarnessKind, harness_command, role_harness, toolset_key
+from fleetctl.roledecl import HarnessKind, harness_command, role_harness, toolset_key
 from fleetctl.tokens.endpoint import ProbeEndpoint
 from fleetctl.tokens.harness import Profile, parse_version, profile_from_request
 
@@ -236,8 +236,8 @@ def probe_agents(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
             fleetctl can probe. ProbeError: a probe failed (nothing written for it).
     """
     from fleetctl.inventory import load_inventory
+    from fleetctl.tokencount.counters import O200kCounter
     from fleetctl.tokens.audit import _select, load_roles
-    from fleetctl.tokens.counters import O200kCounter
     from fleetctl.tokens.harness import write_profile
 
     roles = load_roles(Path(blueprint))
@@ -256,7 +256,7 @@ def probe_agents(inventory: Path, blueprint: Path, agents: tuple[str, ...] = (),
         raise InputError("none of the selected agents' roles runs a harness fleetctl can probe "
                          "(an agent_command starting with claude, or a harness: key)")
     runs = []
-    for (_, toolset), (role_name, default_set) in sorted(wanted.items()):
+    for _key, (role_name, default_set) in sorted(wanted.items()):
         role = roles[role_name]
         result = probe_role(role, counter=counter, default_set=default_set,
                             timeout_s=timeout_s, executable=executable)

@@ -1,8 +1,8 @@
 """A role's harness in the audit: which profile counts its part, or why none can.
 
 For each role :func:`role_harness_part` finds the harness it runs
-(:func:`fleetctl.tokens.declare.role_harness`), the profile of its tool set
-(:func:`fleetctl.tokens.declare.toolset_key`) and of the harness's default set (for the saving
+(:func:`fleetctl.roledecl.role_harness`), the profile of its tool set
+(:func:`fleetctl.roledecl.toolset_key`) and of the harness's default set (for the saving
 that stripping gives), both from ``<blueprint>/harnesses/``:
 
 - a role with no ``agent_command`` and no ``harness:`` runs nothing the audit could profile:
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl.tokens.declare import (HarnessKind, pinned_version, role_harness, toolset_key)
+from fleetctl.roledecl import HarnessKind, pinned_version, role_harness, toolset_key
 from fleetctl.tokens.harness import PROFILE_DIR, Profile, find_profile, with_harness
 
 

@@ -46,7 +46,7 @@ def build(base: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str]) -> int:
-    from fleetctl.cli_tokens import tokens_command
+    from fleetctl.cli.tokens import tokens_command
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.callback()(lambda: None)

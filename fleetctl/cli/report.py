@@ -7,12 +7,9 @@ run fails before it can report (a bad inventory, an unknown host, a bad allowlis
 file asked for is replaced by a short error document in its format, so a CI job never publishes
 last night's file as tonight's. Exit 0 clean, 1 findings that fail, 2 error.
 
-``status`` calls :func:`fleetctl.status.fleet_status`. Registered on the main app by
-``fleetctl/cli.py``::
-
-    from fleetctl.cli_report import report_command, status_command
-    app.command("report")(report_command)
-    app.command("status")(status_command)
+``status`` calls :func:`fleetctl.status.fleet_status`. Both are added to the main app by
+:func:`register`; the documents are rendered by :mod:`fleetctl.cli.output.nightly` and
+:mod:`fleetctl.cli.output.status`.
 """
 
 from __future__ import annotations
@@ -20,12 +17,23 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from fleetctl.cli_common import (BlueprintOpt, DebugOpt, InventoryOpt, ParallelOpt, TimeoutOpt,
-                                 err, print_error)
+from fleetctl.cli.common import (
+    BlueprintOpt,
+    DebugOpt,
+    InventoryOpt,
+    ParallelOpt,
+    TimeoutOpt,
+    err,
+    guard,
+    load_project,
+    print_error,
+    print_internal_error,
+    source_state,
+    with_progress,
+)
 from fleetctl.errors import EXIT_ERROR, FleetctlError
 
 
@@ -40,7 +48,7 @@ class ReportFormat(str, Enum):
 
 
 def _render(fmt: str, doc: dict, quiet: bool = False) -> str:
-    from fleetctl import nightly_render as r
+    from fleetctl.cli.output import nightly as r
 
     if fmt == "json":
         return r.to_json(doc)
@@ -54,24 +62,24 @@ def _render(fmt: str, doc: dict, quiet: bool = False) -> str:
 
 
 def report_command(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to report on \\[default: all]."),
+    hosts: list[str] | None = typer.Argument(None, help="Hosts to report on \\[default: all]."),
     fmt: ReportFormat = typer.Option(ReportFormat.text, "--format", "-f",
                                      help="Format of stdout (or --output)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
+    output: Path | None = typer.Option(None, "--output", "-o",
                                           help="Write the --format document to FILE."),
-    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+    json_out: Path | None = typer.Option(None, "--json", metavar="FILE",
                                             help="Also write the JSON document to FILE."),
-    markdown_out: Optional[Path] = typer.Option(None, "--markdown", metavar="FILE",
+    markdown_out: Path | None = typer.Option(None, "--markdown", metavar="FILE",
                                                 help="Also write the Markdown summary to FILE."),
-    junit_out: Optional[Path] = typer.Option(None, "--junit", metavar="FILE",
+    junit_out: Path | None = typer.Option(None, "--junit", metavar="FILE",
                                              help="Also write JUnit XML to FILE."),
-    html_out: Optional[Path] = typer.Option(None, "--html", metavar="FILE",
+    html_out: Path | None = typer.Option(None, "--html", metavar="FILE",
                                             help="Also write the HTML page to FILE."),
-    history: Optional[Path] = typer.Option(
+    history: Path | None = typer.Option(
         None, "--history", metavar="DIR", help="Keep each night's JSON in DIR and mark findings "
         "new, persisting or resolved against the last one."),
     keep: int = typer.Option(90, "--keep", min=1, help="Nights kept in --history."),
-    allowlist: Optional[Path] = typer.Option(
+    allowlist: Path | None = typer.Option(
         None, "--allowlist", metavar="FILE", help="Accepted findings (host, path or rule, kind, "
         "reason, expires): shown, marked, and not failing until they expire."),
     fail_on: str = typer.Option(
@@ -80,13 +88,13 @@ def report_command(
         "conflict, readable-by-others...)."),
     no_ledgers: bool = typer.Option(False, "--no-ledgers",
                                     help="Do not read the runners' ledgers (no tokens chart)."),
-    now: Optional[str] = typer.Option(
+    now: str | None = typer.Option(
         None, "--now", metavar="TIME", help="Date the report TIME (ISO 8601, UTC) instead of "
         "the clock, for replays and tests; allowlist expiry is judged on its date."),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="Text: print only what fails or could not be checked."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
@@ -94,7 +102,7 @@ def report_command(
     """The nightly report: drift, credentials and token budgets of every host in one document
     (exit 0 clean, 1 findings that fail, 2 error)."""
     from fleetctl import nightly
-    from fleetctl.nightly_render import failure_document
+    from fleetctl.cli.output.nightly import failure_document
 
     outputs: list[tuple[str, Path]] = [(f, p) for f, p in (
         ("json", json_out), ("markdown", markdown_out), ("junit", junit_out),
@@ -119,8 +127,6 @@ def report_command(
                 print_error(again)
         raise typer.Exit(exc.exit_code) from None
     except Exception as exc:  # noqa: BLE001 - an internal error: no traceback without --debug
-        from fleetctl.cli_common import print_internal_error
-
         print_internal_error(exc, debug)
         for kind, path in outputs:
             try:
@@ -135,23 +141,15 @@ def report_command(
 def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_on, ledgers,
                  quiet, inventory, blueprint, parallel, timeout, generated) -> int:
     from fleetctl import nightly
-    from fleetctl.cli import _load, _source, _with_progress
 
     rule = nightly.parse_fail_on(fail_on)
     accepted = nightly.load_allowlist(allowlist) if allowlist is not None else None
     nights = nightly.load_history(history) if history is not None else []
-    inv, bp = _load(inventory, blueprint, timeout)
+    inv, bp = load_project(inventory, blueprint, timeout)
     selected = inv.select(hosts)
-    source = _source(inv, bp)
-    holder: dict = {}
-
-    def run(progress):
-        holder["r"] = nightly.collect(bp, inv, selected, source, parallel, progress, ledgers,
-                                      generated)
-        return []
-
-    _with_progress(run)
-    report = holder["r"]
+    source = source_state(inv, bp)
+    report = with_progress(lambda progress: nightly.collect(
+        bp, inv, selected, source, parallel, progress, ledgers, generated))
     # Compare with the latest run kept (one of the same second is the run this one replaces);
     # the chart shows the nights before this one.
     earlier = [d for d in nights if d["generated"] <= report.generated]
@@ -172,10 +170,10 @@ def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_
 
 
 def status_command(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to show \\[default: all]."),
+    hosts: list[str] | None = typer.Argument(None, help="Hosts to show \\[default: all]."),
     json_format: bool = typer.Option(False, "--json", help="Write one JSON document."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
@@ -183,15 +181,21 @@ def status_command(
     """The fleet at a glance: per host the release and commit in use; per agent its last task,
     verdict, retries, escalations waiting and prefix tokens per turn (exit 0, 1 attention
     needed, 2 error)."""
-    from fleetctl.cli import _guard, _load
-    from fleetctl.status import fleet_status, to_json, to_text
+    from fleetctl.cli.output.status import to_json, to_text
+    from fleetctl.status import fleet_status
 
     def body() -> int:
-        inv, _bp = _load(inventory, blueprint, timeout)
+        inv, _bp = load_project(inventory, blueprint, timeout)
         selected = inv.select(hosts)
         report = fleet_status(selected, parallel)
         sys.stdout.write(to_json(report) if json_format else to_text(report))
         sys.stdout.flush()
         return report.exit_code
 
-    _guard(body, debug)
+    guard(body, debug)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` and ``status`` to the main app."""
+    app.command("report")(report_command)
+    app.command("status")(status_command)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-import re
 from typing import Any
 
+from fleetctl.cli.output.markdown import md_text
 from fleetctl.names import printable
 
 MARKDOWN_LIMIT_BYTES = 1024 * 1024
@@ -106,7 +106,8 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
                      + ("" if src.get("clean") else " (NOT CLEAN)"))
     checks = _checks_by_host(doc)
     for name in _host_names(doc):
-        host = next((h for h in doc["hosts"] if h["host"] == name), {"host": name})
+        host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name),
+                                    {"host": name})
         mine = [f for f in doc["findings"] if f["host"] == name]
         shown = [f for f in mine if f["fails"] or f.get("expired")] if quiet else mine
         errors = [c for c in checks.get(name, {}).values() if c["status"] == "error"]
@@ -133,17 +134,6 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
 
 
 # -- markdown -----------------------------------------------------------------------------------
-
-_MD_PUNCT = re.compile(r"([\\`*_\[\]{}|#~!<>])")
-
-
-def md_text(text: str) -> str:
-    """``text`` safe in Markdown and in a GFM table cell: printable, HTML-escaped, Markdown
-    punctuation backslash-escaped (so a host's file name cannot open a tag, a link, a code span
-    or a new cell)."""
-    shown = html.escape(printable(text), quote=False)
-    return _MD_PUNCT.sub(r"\\\1", shown)
-
 
 def _md_findings_row(f: dict[str, Any]) -> str:
     fails = "**fails**" if f["fails"] else ("accepted" if f.get("accepted") else "")
@@ -173,7 +163,7 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
     out += ["| host | drift | creds | tokens | release | commit | findings | failing | new |",
             "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
     for name in _host_names(doc):
-        host = next((h for h in doc["hosts"] if h["host"] == name), {})
+        host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name), {})
         mine = [f for f in doc["findings"] if f["host"] == name
                 and f["state"] not in ("resolved", "unchecked")]
         cells = [_CHECK_STATUS[checks[name][c]["status"]] if c in checks.get(name, {}) else "-"
@@ -262,6 +252,7 @@ def to_junit(doc: dict[str, Any]) -> str:
     could not run, is skipped when there was nothing to check; findings that do not fail
     (accepted, or outside ``--fail-on``) are listed in its ``system-out``."""
     from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+    from junitparser.junitparser import FinalResult
 
     xml = JUnitXml("fleetctl report")
     checks = _checks_by_host(doc)
@@ -276,7 +267,7 @@ def to_junit(doc: dict[str, Any]) -> str:
             mine = [f for f in doc["findings"] if f["host"] == name and f["check"] == check
                     and f["state"] not in ("resolved", "unchecked")]
             failing = [f for f in mine if f["fails"]]
-            results = []
+            results: list[FinalResult] = []
             if c["status"] == "error":
                 e = Error(printable(c["error"] or "the check could not run"), "check-error")
                 e.text = printable(c.get("hint") or "")
@@ -486,7 +477,7 @@ def to_html(doc: dict[str, Any]) -> str:
              "<th>host</th><th>drift</th><th>creds</th><th>tokens</th><th>release</th>"
              "<th>commit</th><th>findings</th><th>failing</th></tr></thead><tbody>")
     for name in _host_names(doc):
-        host = next((h for h in doc["hosts"] if h["host"] == name), {})
+        host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name), {})
         mine = [f for f in doc["findings"] if f["host"] == name
                 and f["state"] not in ("resolved", "unchecked")]
         cells = []
@@ -562,8 +553,9 @@ def failure_document(fmt: str, message: str, generated: str) -> str:
     if fmt == "markdown":
         return f"## fleetctl report {generated}: FAILED (exit 2)\n\n{md_text(message)}\n"
     if fmt == "junit":
-        from junitparser import Error, JUnitXml, TestCase, TestSuite
         import xml.etree.ElementTree as ET
+
+        from junitparser import Error, JUnitXml, TestCase, TestSuite
 
         xml = JUnitXml("fleetctl report")
         suite = TestSuite("fleetctl report")

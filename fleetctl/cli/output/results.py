@@ -16,52 +16,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fleetctl.cli.output.markdown import md_code, md_text
+from fleetctl.cli.output.text import TABLE_PADDING, path_column_width, wrap_path
+from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
-from fleetctl.credentials import is_credential_path
 from fleetctl.manifest import Entry
 from fleetctl.names import escape_name, printable, safe_text
+from fleetctl.records import change_json
 from fleetctl.results import HostResult
 from fleetctl.source import SourceState
-from fleetctl.textout import TABLE_PADDING, path_column_width, wrap_path
 
 SCHEMA_VERSION = 1
-
-
-def entry_json(entry: Entry | None) -> dict[str, Any] | None:
-    """The before/after attributes of an entry: type, mode, owner, size, digest or target.
-
-    A credential file carries no size: its digest alone stands for it.
-    """
-    if entry is None:
-        return None
-    data = entry.to_json()
-    data.pop("path", None)
-    if is_credential_path(entry.path):
-        data.pop("size", None)
-    if "target" in data:
-        data["target"], escaped = escape_name(data["target"])
-        if escaped:
-            data["target_escaped"] = True
-    return data
-
-
-def change_json(change: Change) -> dict[str, Any]:
-    """One change as a JSON record (``before`` is live, ``after`` is desired)."""
-    path, escaped = escape_name(change.path)
-    record: dict[str, Any] = {"path": path}
-    if escaped:
-        record["path_escaped"] = True
-    record.update({
-        "change": change.change,
-        "origin": change.origin,
-        # A credential file: only ever a digest, never its content or size.
-        "secret": is_credential_path(change.path),
-        "before": entry_json(change.live),
-        "after": entry_json(change.desired),
-        "shipped": entry_json(change.shipped),
-    })
-    return record
 
 
 def result_json(result: HostResult, command: str) -> dict[str, Any]:
@@ -121,8 +87,8 @@ def _attr_summary(change: Change, entry: Entry | None) -> str:
     kind = change.change
     if kind in ("content",):
         if is_credential_path(entry.path):
-            return f"{entry.digest[7:19]} (secret)"
-        return f"{entry.digest[7:19]} ({entry.size} B)"
+            return f"{(entry.digest or '')[7:19]} (secret)"
+        return f"{(entry.digest or '')[7:19]} ({entry.size} B)"
     if kind == "mode":
         return entry.mode or "-"
     if kind == "owner":
@@ -242,7 +208,8 @@ def print_text(console: Console, results: list[HostResult], title: str,
                 and len(result.changes) > FIRST_SHIP_LISTED:
             console.print(Text(first_ship_line(result)), soft_wrap=True)
         elif result.changes:
-            table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD, title_justify="left")
+            table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD,
+                          title_justify="left")
             shown = [printable(c.path) for c in result.changes]
             width = path_column_width(shown, console.width)
             table.add_column("path", min_width=width, max_width=width, overflow="fold")
@@ -254,7 +221,7 @@ def print_text(console: Console, results: list[HostResult], title: str,
             table.add_column("origin", min_width=origin_w, overflow="fold")
             for column in ("live", "desired"):
                 table.add_column(column, max_width=side_w, overflow="fold")
-            for c, path in zip(result.changes, shown):
+            for c, path in zip(result.changes, shown, strict=True):
                 table.add_row(Text(wrap_path(path, width)), c.change,
                               Text(c.origin, style=_ORIGIN_STYLE.get(c.origin, "")),
                               Text(_attr_summary(c, c.live)), Text(_attr_summary(c, c.desired)))
@@ -266,12 +233,12 @@ def print_text(console: Console, results: list[HostResult], title: str,
             for line in diff_text(result.host, diff):
                 console.print(Text(line, style=_DIFF_STYLE.get(line[:1], "")), soft_wrap=True)
     for result in results:
-        line = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
-        console.print(line, soft_wrap=True)
+        summary = Text(summary_line(result), style=_STATUS_STYLE.get(result.status, ""))
+        console.print(summary, soft_wrap=True)
         for account in result.accounts:
             console.print(Text(f"  account: {printable(account)}"), soft_wrap=True)
-        for u in result.unchecked:
-            console.print(Text(f"  unchecked: {printable(u.describe())}; its files were compared "
+        for g in result.unchecked:
+            console.print(Text(f"  unchecked: {printable(g.describe())}; its files were compared "
                                "with the shipped record only", style="yellow"), soft_wrap=True)
         for warning in result.warnings:
             console.print(Text(f"  warning: {printable(warning)}", style="yellow"), soft_wrap=True)
@@ -297,47 +264,36 @@ def diff_text(host: str, diff: FileDiff) -> list[str]:
     return lines
 
 
-def _md(text: str) -> str:
-    return printable(text).replace("|", "\\|").replace("`", "\\`")
-
-
-def _md_code(text: str) -> str:
-    """``text`` as a Markdown code span in a table cell: backslashes do not escape inside a code
-    span, so the fence is one backtick longer than the longest run of backticks in the text
-    (CommonMark), and ``|`` is escaped for the table (GFM)."""
-    shown = printable(text).replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
-    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
-    return f"{fence}{pad}{shown}{pad}{fence}"
-
-
 def to_markdown(results: list[HostResult], title: str,
                 source: SourceState | None = None) -> str:
     """A Markdown report: a summary table, then one table of changes per host."""
     lines = [f"# {title}", ""]
     if source is not None:
-        lines += [_md(source_line(source)), ""]
+        lines += [md_text(source_line(source)), ""]
     lines += ["| host | status | changes | commit | note |", "| --- | --- | --- | --- | --- |"]
     for r in results:
         note = printable(r.error) if r.error else (f"release {r.release}" if r.release else "")
         if r.ancestry and r.ancestry.stale:
             note += f" ({r.ancestry.describe()})"
         commit = r.commit[:12] if r.commit else "-"
-        lines.append(f"| {_md(r.host)} | {r.status} | {len(r.changes)} | {commit} | {_md(note)} |")
+        lines.append(f"| {md_text(r.host)} | {r.status} | {len(r.changes)} | {commit} | "
+                     f"{md_text(note)} |")
     for r in results:
         if not r.changes and not r.unreadable:
             continue
-        lines += ["", f"## {_md(r.host)}", ""]
+        lines += ["", f"## {md_text(r.host)}", ""]
         if r.changes:
-            lines += ["| path | change | origin | live | desired |", "| --- | --- | --- | --- | --- |"]
+            lines += ["| path | change | origin | live | desired |",
+                      "| --- | --- | --- | --- | --- |"]
             for c in r.changes:
-                lines.append(f"| {_md_code(c.path)} | {c.change} | {c.origin} | "
-                             f"{_md(_attr_summary(c, c.live))} | {_md(_attr_summary(c, c.desired))} |")
+                lines.append(f"| {md_code(c.path)} | {c.change} | {c.origin} | "
+                             f"{md_text(_attr_summary(c, c.live))} | "
+                             f"{md_text(_attr_summary(c, c.desired))} |")
         for u in r.unreadable:
-            lines.append(f"- unreadable: {_md_code(u.path)}: {_md(u.error)}")
+            lines.append(f"- unreadable: {md_code(u.path)}: {md_text(u.error)}")
     for r in results:
         for a in r.accounts:
-            lines.append(f"- {_md(r.host)}: account: {_md(a)}")
+            lines.append(f"- {md_text(r.host)}: account: {md_text(a)}")
     for r in results:
         for diff in r.diffs or ():
             body = diff_text(r.host, diff)

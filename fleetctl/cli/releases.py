@@ -1,21 +1,21 @@
 """The day-two commands, each a few lines over a library function: ``releases HOST``,
 ``rollback HOST [--to RELEASE]``, ``history [HOST...]`` (:mod:`fleetctl.releases`) and
-``backport HOST [PATH...]`` (:mod:`fleetctl.backport`). Registered on the main app by
-``fleetctl/cli.py``; loading, error mapping and ``--output`` come from there.
+``backport HOST [PATH...]`` (:mod:`fleetctl.backport`). Added to the main app by
+:func:`register`; loading, error mapping and ``--output`` come from :mod:`fleetctl.cli.common`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from fleetctl.cli_common import (
+from fleetctl.cli.common import (
     BlueprintOpt,
     DebugOpt,
     Format,
@@ -23,8 +23,12 @@ from fleetctl.cli_common import (
     InventoryOpt,
     OutputOpt,
     ParallelOpt,
+    ReportTarget,
     TimeoutOpt,
     err,
+    find_project,
+    guard,
+    load_project,
 )
 from fleetctl.errors import (
     EXIT_ERROR,
@@ -38,11 +42,10 @@ from fleetctl.names import printable
 SCHEMA_VERSION = 1
 
 
-def _inventory(inventory: Optional[Path], timeout_s: float) -> Any:
+def _inventory(inventory: Path | None, timeout_s: float) -> Any:
     """The inventory alone (these commands render nothing, so no blueprint is loaded)."""
     from dataclasses import replace
 
-    from fleetctl.cli_common import find_project
     from fleetctl.inventory import Inventory, load_inventory
 
     inv = load_inventory(inventory or find_project() / "inventory" / "demo.yaml")
@@ -68,14 +71,13 @@ def _document(command: str, exit_code: int, **body: Any) -> str:
 
 def releases_command(
     host: str = typer.Argument(..., help="The host whose releases to list."),
-    inventory: Optional[Path] = InventoryOpt,
+    inventory: Path | None = InventoryOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
 ) -> None:
     """List a host's releases: time, commit, source, who, forced, current (exit 0, 2 error)."""
-    from fleetctl.cli import ReportTarget, _guard
     from fleetctl.releases import read_releases
 
     def body() -> int:
@@ -109,19 +111,19 @@ def releases_command(
         target.write("")
         return EXIT_OK
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
 def rollback_command(
     host: str = typer.Argument(..., help="The host to roll back."),
-    to: Optional[str] = typer.Option(None, "--to", metavar="RELEASE",
+    to: str | None = typer.Option(None, "--to", metavar="RELEASE",
                                      help="The release to switch to \\[default: the one the "
                                      "current release replaced]."),
     force: bool = typer.Option(False, "--force", help="Switch even to a release that was "
                                "changed since it was shipped (recorded)."),
-    inventory: Optional[Path] = InventoryOpt,
+    inventory: Path | None = InventoryOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
 ) -> None:
@@ -130,7 +132,6 @@ def rollback_command(
     The release is checked against its record first; the switch is atomic, under the host's
     lock, and recorded in the host's history.
     """
-    from fleetctl.cli import ReportTarget, _guard
     from fleetctl.releases import rollback
 
     def body() -> int:
@@ -150,20 +151,19 @@ def rollback_command(
                 err.print(Text(f"  forced over: {printable(difference)}", style="yellow"))
         return EXIT_OK
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
 def history_command(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts \\[default: all]."),
-    inventory: Optional[Path] = InventoryOpt,
+    hosts: list[str] | None = typer.Argument(None, help="Hosts \\[default: all]."),
+    inventory: Path | None = InventoryOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
 ) -> None:
     """Who shipped or rolled back what, when, from which commit (exit 0, 2 unreadable host)."""
-    from fleetctl.cli import ReportTarget, _guard
     from fleetctl.fanout import fan_out
     from fleetctl.releases import HostReleases, read_releases
 
@@ -205,17 +205,17 @@ def history_command(
         target.write("")
         return code
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
 def backport_command(
     host: str = typer.Argument(..., help="The host whose hand-patches to bring home."),
-    paths: Optional[list[str]] = typer.Argument(None, help="Only these paths \\[default: every "
+    paths: list[str] | None = typer.Argument(None, help="Only these paths \\[default: every "
                                                 "hand-patch]; name a conflict to take it."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
 ) -> None:
@@ -225,11 +225,10 @@ def backport_command(
     Files rendered from templates and credential files are refused, with the reason.
     """
     from fleetctl.backport import NOTHING, REFUSED, backport
-    from fleetctl.cli import ReportTarget, _guard, _load
-    from fleetctl.report import diff_text
+    from fleetctl.cli.output.results import diff_text
 
     def body() -> int:
-        inv, bp = _load(inventory, blueprint, timeout)
+        inv, bp = load_project(inventory, blueprint, timeout)
         (selected,) = inv.select([host])
         target = ReportTarget(output)
         done = backport(bp, selected, list(paths or ()))
@@ -249,12 +248,12 @@ def backport_command(
         if not done.items:
             lines.append(f"{done.host}: no hand-patch to bring home")
         if done.git_diff:
-            lines += ["", f"git diff ({len(done.written)} path(s) changed in "
-                      f"{bp.root}; review, commit and ship: nothing was committed):", *done.git_diff]
+            lines += ["", f"git diff ({len(done.written)} path(s) changed in {bp.root}; review, "
+                      "commit and ship: nothing was committed):", *done.git_diff]
         target.write("\n".join(lines) + "\n")
         return code
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
 def register(app: typer.Typer) -> None:

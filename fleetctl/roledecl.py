@@ -44,12 +44,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SERVER_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
-VIA_MCP, VIA_BRIDGE = "mcp", "bridge"
+VIA_MCP: Literal["mcp"] = "mcp"
+VIA_BRIDGE: Literal["bridge"] = "bridge"
 BRIDGE_SKILL = "mcp-bridge"
 """The skill whose CLI reaches a ``via: bridge`` server (the runner's ``prefix.BRIDGE_SKILL``)."""
 

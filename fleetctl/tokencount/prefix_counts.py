@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 
 @functools.lru_cache(maxsize=1)
 def _counter():
-    from fleetctl.tokens.counters import O200kCounter
+    from fleetctl.tokencount.counters import O200kCounter
 
     return O200kCounter()
 
@@ -47,8 +47,8 @@ def prefix_counts(blueprint: Blueprint, role: Role) -> bytes | None:
     if not (Path(blueprint.root) / "runner" / "fleet_runner" / "prefix.py").is_file():
         return None
     from fleetctl.errors import InputError
-    from fleetctl.tokens.declare import bridged_servers
-    from fleetctl.tokens.measure import load_prefix_module
+    from fleetctl.roledecl import bridged_servers
+    from fleetctl.tokencount.prefixmodule import load_prefix_module
 
     module = load_prefix_module(blueprint.root)
     try:

@@ -1,6 +1,6 @@
 """The token counters ``fleetctl tokens`` can use, each saying what kind of number it gives.
 
-- :class:`O200kCounter`: exact ``o200k_base`` counts, offline (:mod:`fleetctl.tokens.offline`).
+- :class:`O200kCounter`: exact ``o200k_base`` counts, offline (:mod:`fleetctl.tokencount.offline`).
   The default, and what budgets and baselines are checked on unless the Claude counter is chosen.
 - :data:`CLAUDE_ESTIMATE`: a band for Claude's tokenizer derived from the ``o200k_base`` count.
   Always labelled an estimate, with its source; never used for a budget.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl.errors import InputError
-from fleetctl.tokens.offline import Provenance, load_o200k
+from fleetctl.tokencount.offline import Provenance, load_o200k
 
 PROBE_MESSAGE = "."
 """The one user message every ``count_tokens`` request carries (the endpoint requires one)."""

@@ -1,8 +1,8 @@
-"""The ``fleetctl`` command line: a thin typer layer over the library.
+"""``fleetctl drift``, ``ship`` and ``render``: the commands over the desired tree, thin ones.
 
-Each command loads its input, calls one library function, renders the results and exits with the
-code DESIGN.md §4 gives. Errors become a message and an exit code here and nowhere else.
-Data goes to stdout (or ``--output``); messages, progress and prompts go to stderr.
+Each loads its input, calls one library function (:mod:`fleetctl.ship`, :mod:`fleetctl.render`),
+renders the results (:mod:`fleetctl.cli.output.results`) and exits with the code DESIGN.md §4
+gives. Data goes to stdout (or ``--output``); messages, progress and prompts go to stderr.
 """
 
 from __future__ import annotations
@@ -10,16 +10,10 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import Progress as RichBar
-from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from fleetctl import __version__
-from fleetctl.blueprint import Blueprint, load_blueprint
-from fleetctl.cli_common import (
+from fleetctl.cli.common import (
     BlueprintOpt,
     DebugOpt,
     Format,
@@ -27,115 +21,21 @@ from fleetctl.cli_common import (
     InventoryOpt,
     OutputOpt,
     ParallelOpt,
+    ReportTarget,
     TimeoutOpt,
     err,
-    find_project,
-    print_error,
-    print_internal_error,
+    guard,
+    load_project,
+    source_state,
+    with_progress,
 )
-from fleetctl.cli_releases import register as register_day_two
-from fleetctl.cli_tokens import tokens_command
-from fleetctl.errors import (
-    EXIT_ERROR,
-    EXIT_REFUSED,
-    FleetctlError,
-    InputError,
-    worst_exit,
-)
-from fleetctl.inventory import Inventory, load_inventory
+from fleetctl.cli.output.results import print_text, to_json, to_markdown
+from fleetctl.errors import EXIT_REFUSED, InputError, worst_exit
 from fleetctl.names import tree_path
 from fleetctl.render import render_host, write_tree
-from fleetctl.report import print_text, to_json, to_markdown
-from fleetctl.results import HostResult, NoProgress, Progress
-from fleetctl.ship import (
-    ShipOptions,
-    drift_host,
-    plan_host,
-    run_hosts,
-    ship_fleet,
-    source_refusal,
-)
-from fleetctl.source import SourceState, inspect_source
-
-app = typer.Typer(
-    name="fleetctl",
-    help="Keep a fleet of AI-agent hosts identical to one blueprint.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _load(inventory: Optional[Path], blueprint: Optional[Path],
-          timeout_s: float | None) -> tuple[Inventory, Blueprint]:
-    project = find_project(inventory)  # the inventory's own repository, wherever we are
-    bp = load_blueprint(blueprint or project / "blueprint")
-    inv = load_inventory(inventory or project / "inventory" / "demo.yaml", blueprint=bp)
-    if timeout_s is not None:
-        inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
-    return inv, bp
-
-
-def _source(inv: Inventory, bp: Blueprint) -> SourceState:
-    return inspect_source(bp.root, bp.templates, inv.path)
-
-
-class BarProgress:
-    """Draws one line per host on a terminal: its current step, then its outcome."""
-
-    def __init__(self, bar: RichBar) -> None:
-        self._bar = bar
-        self._tasks: dict[str, int] = {}
-
-    def host_started(self, host: str) -> None:
-        self._tasks[host] = self._bar.add_task(host, step="connect", total=None)
-
-    def host_step(self, host: str, step: str) -> None:
-        self._bar.update(self._tasks[host], step=step)
-
-    def host_finished(self, result: HostResult) -> None:
-        self._bar.update(self._tasks[result.host], step=result.status, total=1, completed=1)
-
-
-def _with_progress(fn: Callable[[Progress], list[HostResult]]) -> list[HostResult]:
-    if not err.is_terminal:
-        return fn(NoProgress())
-    with RichBar(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[step]}"),
-                 TimeElapsedColumn(), console=err, transient=True) as bar:
-        return fn(BarProgress(bar))
-
-
-class ReportTarget:
-    """Where the report goes: stdout, or a file opened before any host is contacted, so an
-    unwritable ``--output`` stops the command before it changes anything."""
-
-    def __init__(self, output: Optional[Path]) -> None:
-        self.path = output
-        self._fh = None
-        if output is not None:
-            try:
-                self._fh = open(output, "w", encoding="utf-8")  # noqa: SIM115 - kept open
-            except OSError as exc:
-                raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
-
-    def write(self, text: str) -> None:
-        """Write the whole report and close the file."""
-        fh = self._fh or sys.stdout
-        fh.write(text)
-        fh.flush()
-        if self._fh is not None:
-            self._fh.close()
-
-    def console(self) -> Console:
-        """A console for the text format: the file, or stdout (wide when not a terminal); lines
-        to a file or a pipe carry no padding."""
-        from fleetctl.textout import RStripWriter
-
-        if self._fh is not None:
-            return Console(file=RStripWriter(self._fh), width=160, no_color=True)
-        out = Console()
-        return out if out.is_terminal else Console(file=RStripWriter(sys.stdout), width=160)
-
+from fleetctl.results import HostResult
+from fleetctl.ship import ShipOptions, drift_host, plan_host, run_hosts, ship_fleet, source_refusal
+from fleetctl.source import SourceState
 
 QuietOpt = typer.Option(False, "--quiet", "-q",
                         help="Text: show only the hosts with a problem.")
@@ -161,70 +61,49 @@ def _report(results: list[HostResult], command: str, fmt: Format, target: Report
     return code
 
 
-def _guard(fn: Callable[[], int], debug: bool = False) -> None:
-    """Run a command body: the one way out of every command.
-
-    A user-facing error prints its message and hint and exits with its code; anything else is
-    an internal error: one line saying so and how to see more, exit 2 (never 1, which CI reads
-    as "findings"), the traceback only with ``--debug``.
-    """
-    try:
-        code = fn()
-    except FleetctlError as exc:
-        print_error(exc)
-        raise typer.Exit(exc.exit_code) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error is reported
-        print_internal_error(exc, debug)
-        raise typer.Exit(EXIT_ERROR) from None
-    raise typer.Exit(code)
-
-
-@app.command()
-def drift(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to check \\[default: all]."),
+def drift_command(
+    hosts: list[str] | None = typer.Argument(None, help="Hosts to check \\[default: all]."),
     diff: bool = typer.Option(False, "--diff", help="Show each changed file's content diff "
                               "(text, key-level YAML/JSON; binaries and secrets by digest)."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
     quiet: bool = QuietOpt,
 ) -> None:
-    """Show what on each host differs from the blueprint, and why (exit 0 none, 1 drift, 2 error)."""
+    """Show what on each host differs from the blueprint, and why (exit 0 none, 1 drift, 2 error).
+    """
 
     def body() -> int:
-        inv, bp = _load(inventory, blueprint, timeout)
+        inv, bp = load_project(inventory, blueprint, timeout)
         selected = inv.select(hosts)
         target = ReportTarget(output)
-        source = _source(inv, bp)
-        results = _with_progress(lambda p: run_hosts(
+        source = source_state(inv, bp)
+        results = with_progress(lambda p: run_hosts(
             selected, lambda h: drift_host(bp, h, p, source, diff), parallel, p))
         return _report(results, "drift", fmt, target, debug, source, quiet)
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
-@app.command()
-def ship(
-    hosts: Optional[list[str]] = typer.Argument(None, help="Hosts to ship \\[default: all]."),
+def ship_command(
+    hosts: list[str] | None = typer.Argument(None, help="Hosts to ship \\[default: all]."),
     dry_run: bool = typer.Option(False, "--dry-run", "-n",
                                  help="Print the plan ship would carry out; write nothing."),
     force: bool = typer.Option(False, "--force",
                                help="Overwrite hand-patches, conflicts and unknown content, and "
                                "ship over a stale checkout (recorded)."),
-    force_path: Optional[list[str]] = typer.Option(
+    force_path: list[str] | None = typer.Option(
         None, "--force-path", metavar="PATH", help="Overwrite the hand-patch at PATH only (a "
         "directory covers what is below it; repeatable); other hand-patches still refuse."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     allow_dirty: bool = typer.Option(
         False, "--allow-dirty", help="Ship a blueprint with uncommitted or untracked files, or "
         "outside git (recorded in the release)."),
-    renamed_from: Optional[str] = typer.Option(
+    renamed_from: str | None = typer.Option(
         None, "--renamed-from", metavar="OLD_NAME",
         help="The one selected host was renamed on purpose: it records OLD_NAME as its identity; "
         "record the inventory's name instead."),
@@ -233,10 +112,10 @@ def ship(
     skip_unreachable: bool = typer.Option(
         False, "--skip-unreachable", help="Ship the hosts that can be reached even when others "
         "cannot be connected to (the fleet is then split until they are shipped)."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     parallel: int = ParallelOpt,
     timeout: float = TimeoutOpt,
     debug: bool = DebugOpt,
@@ -250,7 +129,7 @@ def ship(
     """
 
     def body() -> int:
-        inv, bp = _load(inventory, blueprint, timeout)
+        inv, bp = load_project(inventory, blueprint, timeout)
         known = {h.name for h in inv.hosts}
         for name in hosts or ():
             if name not in known and "/" in name:  # `ship --force runner/README` read as a host
@@ -259,7 +138,7 @@ def ship(
                                  f"--force-path {name} (or --force={name})")
         selected = inv.select(hosts)
         target = ReportTarget(output)
-        source = _source(inv, bp)
+        source = source_state(inv, bp)
         options = ShipOptions(force=force, dry_run=dry_run, allow_dirty=allow_dirty,
                               renamed_from=renamed_from, skip_unreachable=skip_unreachable,
                               force_paths=tuple(tree_path(p, "--force-path")
@@ -268,11 +147,11 @@ def ship(
         if dry_run or refusal is not None:
             results = [HostResult(h.name, "refused", error=refusal.message, hint=refusal.hint,
                                   step="source") for h in selected] if refusal else \
-                _with_progress(lambda p: run_hosts(
+                with_progress(lambda p: run_hosts(
                     selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
             return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)
         if not yes and sys.stdin.isatty() and err.is_terminal:
-            plans = _with_progress(lambda p: run_hosts(
+            plans = with_progress(lambda p: run_hosts(
                 selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
             print_text(err, plans, "ship plan", all_paths=all_paths)
             # Changes to confirm: a new release, or runner unit files to write or remove. A
@@ -298,19 +177,18 @@ def ship(
                     if fmt is not Format.text else EXIT_REFUSED
             options = replace(options, approved={p.host: p.plan_digest for p in plans
                                                  if p.plan_digest})
-        results = _with_progress(lambda p: ship_fleet(bp, selected, options, source,
+        results = with_progress(lambda p: ship_fleet(bp, selected, options, source,
                                                       parallel, p))
         return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
-@app.command()
-def render(
+def render_command(
     host: str = typer.Argument(..., help="The host whose desired tree to write."),
     out: Path = typer.Option(..., "--out", help="An empty or new directory to write it to."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     debug: bool = DebugOpt,
 ) -> None:
     """Write one host's desired tree locally (exit 0, or 2 on error).
@@ -319,7 +197,7 @@ def render(
     """
 
     def body() -> int:
-        inv, bp = _load(inventory, blueprint, None)
+        inv, bp = load_project(inventory, blueprint, None)
         (selected,) = inv.select([host])
         tree = render_host(bp, selected, with_credentials=False)
         write_tree(tree, out)
@@ -330,35 +208,11 @@ def render(
                       "written to local disk (`fleetctl drift` shows their digests)")
         return 0
 
-    _guard(body, debug)
+    guard(body, debug)
 
 
-app.command("tokens")(tokens_command)
-register_day_two(app)
-
-from fleetctl.cli_creds import creds_app  # noqa: E402 - `fleetctl creds audit`
-
-app.add_typer(creds_app, name="creds")
-
-from fleetctl.cli_report import report_command, status_command  # noqa: E402 - issue 13
-
-app.command("report")(report_command)
-app.command("status")(status_command)
-
-
-@app.command()
-def version() -> None:
-    """Print fleetctl's version."""
-    typer.echo(__version__)
-
-
-def main() -> None:
-    """Console-script entry point.
-
-    ``--force=PATH`` (with ``=``) is read as ``--force-path PATH``: overwrite that path's
-    hand-patch only. ``--force PATH`` cannot mean that, since ``--force`` alone overwrites all
-    and a following word is a host (docs/design.md (r)).
-    """
-    sys.argv[1:] = [f"--force-path={arg[len('--force='):]}" if arg.startswith("--force=")
-                    else arg for arg in sys.argv[1:]]
-    app()
+def register(app: typer.Typer) -> None:
+    """Add ``drift``, ``ship`` and ``render`` to the main app."""
+    app.command("drift")(drift_command)
+    app.command("ship")(ship_command)
+    app.command("render")(render_command)

@@ -1,8 +1,8 @@
 """Text for people that fits the terminal: paths wrapped at ``/`` (never inside a name), and
 output to a pipe or file without the padding a table adds to each line.
 
-Used by :func:`fleetctl.report.print_text` (the drift and ship tables) and by the CLI's console
-for piped output. Imports rich only through the caller's console; nothing here draws.
+Used by :func:`fleetctl.cli.output.results.print_text` (the drift and ship tables) and by the
+CLI's console for piped output. Imports rich only through the caller's console; nothing here draws.
 """
 
 from __future__ import annotations

@@ -15,8 +15,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from fleetctl.tokens.audit import (SCHEMA_VERSION, AgentReport, Comparison, DefaultComparison,
-                                   TokensReport)
+from fleetctl.cli.output.markdown import md_code, md_line
+from fleetctl.tokens.audit import (
+    SCHEMA_VERSION,
+    AgentReport,
+    Comparison,
+    DefaultComparison,
+    TokensReport,
+)
 from fleetctl.tokens.measure import Measurement
 
 ERROR_KINDS = ("server", "harness", "counter")
@@ -305,17 +311,13 @@ def _print_compare(console: Console, c: Comparison) -> None:
         console.print("  " + line, markup=False, highlight=False)
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(report: TokensReport) -> str:
     """The report as Markdown: a section per agent."""
     out = ["# fleetctl tokens", ""]
     for a in report.agents:
         m = a.measurement
         window = a.window.tokens
-        out += [f"## {_md(_headline(a))}", "",
+        out += [f"## {md_line(_headline(a))}", "",
                 "| component | tokens | % prefix | % context | how |",
                 "| --- | ---: | ---: | ---: | --- |"]
         for row in component_rows(m, window):
@@ -329,30 +331,31 @@ def to_markdown(report: TokensReport) -> str:
                     "| tool | tokens | % prefix | MCP-only (not sent) |",
                     "| --- | ---: | ---: | ---: |"]
             for t in _heaviest(m):
-                out.append(f"| `{_md(t.name)}` | {t.marginal_tokens:,} | "
+                out.append(f"| {md_code(t.name)} | {t.marginal_tokens:,} | "
                            f"{_pct(_share(t.marginal_tokens, m.total_tokens))} | "
                            f"{t.mcp_only_tokens or ''} |")
             out.append("")
         for s in a.servers:
             out.append(f"- MCP server `{s.name}`: {s.status}, {len(s.tools)} tools"
-                       + (f": {_md(s.detail)}" if s.detail else ""))
-        out += [f"- {_md(_instructions_line(row))}" for row in a.instructions]
-        out += [f"- {_md(_bridged_line(name))}" for name in a.bridged]
+                       + (f": {md_line(s.detail)}" if s.detail else ""))
+        out += [f"- {md_line(_instructions_line(row))}" for row in a.instructions]
+        out += [f"- {md_line(_bridged_line(name))}" for name in a.bridged]
         hl = harness_line(a)
         if hl:
-            out.append(f"- {_md(hl)}")
+            out.append(f"- {md_line(hl)}")
         if a.compare is not None:
-            out += [f"- {_md(line.strip())}" for line in _compare_lines(a.compare)]
+            out += [f"- {md_line(line.strip())}" for line in _compare_lines(a.compare)]
         if a.compare_default is not None:
-            out += [f"- {_md(line.strip())}" for line in _compare_default_lines(a.compare_default)]
-        out += [f"- **over**: {_md(f.message)}" if f.kind not in ERROR_KINDS else
-                f"- **error**: {_md(f.message)}" for f in a.findings]
-        out += [f"- note: {_md(w)}" for w in a.warnings]
+            out += [f"- {md_line(line.strip())}"
+                    for line in _compare_default_lines(a.compare_default)]
+        out += [f"- **over**: {md_line(f.message)}" if f.kind not in ERROR_KINDS else
+                f"- **error**: {md_line(f.message)}" for f in a.findings]
+        out += [f"- note: {md_line(w)}" for w in a.warnings]
         out.append("")
-    out.append(f"_{_md(provenance_line(report))}_")
+    out.append(f"_{md_line(provenance_line(report))}_")
     est = estimate_line(report)
     if est:
-        out += ["", f"_{_md(est)}_"]
+        out += ["", f"_{md_line(est)}_"]
     return "\n".join(out) + "\n"
 
 

@@ -5,14 +5,11 @@ It parses options, calls :func:`fleetctl.tokens.audit.audit_tokens`, renders the
 threshold) or 2 (bad input, or an MCP server that could not be measured). With ``--live`` it
 summarises the runners' ledgers read from the hosts instead
 (:func:`fleetctl.tokens.live.live_tokens`): exit 0, or 2 when a host or a ledger could not be
-read. Registered on the main
-app by ``fleetctl/cli.py``::
-
-    from fleetctl.cli_tokens import tokens_command
-    app.command("tokens")(tokens_command)
+read. Added to the main app by :func:`register`; the reports are rendered by
+:mod:`fleetctl.cli.output.tokens` and :mod:`fleetctl.cli.output.tokens_live`.
 
 Shared pieces (formats, the stderr console, finding the project) come from
-:mod:`fleetctl.cli_common`.
+:mod:`fleetctl.cli.common`.
 """
 
 from __future__ import annotations
@@ -21,14 +18,23 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 
-from fleetctl.cli_common import (BlueprintOpt, DebugOpt, Format, FormatOpt, InventoryOpt, OutputOpt,
-                                 err, find_project, print_error)
+from fleetctl.cli.common import (
+    BlueprintOpt,
+    DebugOpt,
+    Format,
+    FormatOpt,
+    InventoryOpt,
+    OutputOpt,
+    err,
+    find_project,
+    print_error,
+)
 from fleetctl.errors import EXIT_ERROR, FleetctlError
+
 
 class CompareWith(str, Enum):
     mcp = "mcp"
@@ -58,14 +64,14 @@ def _fail(exc: FleetctlError) -> None:
 
 
 def tokens_command(
-    agents: Optional[list[str]] = typer.Argument(
+    agents: list[str] | None = typer.Argument(
         None, help="Agents to audit, by name or HOST/AGENT \\[default: all]."),
-    compare: Optional[CompareWith] = typer.Option(
+    compare: CompareWith | None = typer.Option(
         None, "--compare", help="mcp: also measure each role with its MCP servers behind the "
                                 "mcp-bridge CLI, and show the saving. default: also measure it "
                                 "as its harness runs by default (every built-in tool, every MCP "
                                 "server mounted): before and after, per component."),
-    baseline: Optional[Path] = typer.Option(
+    baseline: Path | None = typer.Option(
         None, "--baseline", help="A previous `--format json` report: fail on growth beyond "
                                  "--max-growth and name what grew."),
     max_growth: float = typer.Option(
@@ -75,7 +81,7 @@ def tokens_command(
         CounterName.o200k, "--counter", help="o200k: exact o200k_base counts, offline. "
                                              "claude-api: Claude's count_tokens (needs "
                                              "$ANTHROPIC_API_KEY), measured as deltas."),
-    claude_model: Optional[str] = typer.Option(
+    claude_model: str | None = typer.Option(
         None, "--claude-model", help="Model for --counter claude-api when a role sets none "
                                      "\\[default: claude-sonnet-4-5]."),
     live: bool = typer.Option(False, "--live", help="Read the runners' ledgers from the hosts "
@@ -83,23 +89,23 @@ def tokens_command(
     probe: bool = typer.Option(False, "--probe", help="Run each selected agent's harness "
                                                       "against a local endpoint and write its "
                                                       "profiles into the blueprint."),
-    harness_bin: Optional[Path] = typer.Option(
+    harness_bin: Path | None = typer.Option(
         None, "--harness-bin", help="With --probe: the harness executable to run instead of "
                                     "agent_command's first word."),
-    startup_timeout: Optional[float] = typer.Option(
+    startup_timeout: float | None = typer.Option(
         None, "--startup-timeout", min=0.1, help="Seconds every MCP server may take to start, "
                                                  "when longer than its role's startup_timeout_s "
                                                  "(a slow server)."),
     probe_timeout: float = typer.Option(
         60.0, "--probe-timeout", min=1.0, help="With --probe: seconds a harness may take."),
-    since: Optional[str] = typer.Option(
+    since: str | None = typer.Option(
         None, "--since", help="With --live: only turns that ended after this ISO 8601 time."),
     parallel: int = typer.Option(8, "--parallel", "-p", min=1,
                                  help="With --live: hosts at once."),
-    inventory: Optional[Path] = InventoryOpt,
-    blueprint: Optional[Path] = BlueprintOpt,
+    inventory: Path | None = InventoryOpt,
+    blueprint: Path | None = BlueprintOpt,
     fmt: Format = FormatOpt,
-    output: Optional[Path] = OutputOpt,
+    output: Path | None = OutputOpt,
     debug: bool = DebugOpt,
 ) -> None:
     """Measure each agent's prompt prefix against its budgets (exit 0 within, 1 over, 2 error)."""
@@ -165,7 +171,7 @@ def tokens_command(
 
 
 def _write_live(report, fmt: Format, target) -> None:
-    from fleetctl.tokens.live import to_json, to_markdown, to_text
+    from fleetctl.cli.output.tokens_live import to_json, to_markdown, to_text
 
     fh = target or sys.stdout
     fh.write({Format.json: to_json, Format.markdown: to_markdown}.get(fmt, to_text)(report))
@@ -176,7 +182,7 @@ def _write_live(report, fmt: Format, target) -> None:
 
 
 def _write_audit(report, fmt: Format, target) -> None:
-    from fleetctl.tokens.render import print_text, to_json, to_markdown
+    from fleetctl.cli.output.tokens import print_text, to_json, to_markdown
 
     fh = target or sys.stdout
     if fmt is Format.json:
@@ -194,7 +200,7 @@ def _write_audit(report, fmt: Format, target) -> None:
 
 
 def _write_probe(runs, fmt: Format, target) -> None:
-    from fleetctl.tokens.render import probe_json, probe_text
+    from fleetctl.cli.output.tokens import probe_json, probe_text
 
     fh = target or sys.stdout
     fh.write(probe_json(runs) if fmt is Format.json else probe_text(runs))
@@ -202,3 +208,8 @@ def _write_probe(runs, fmt: Format, target) -> None:
     if target is not None:
         target.close()
     raise typer.Exit(1 if any(r.unexpected or r.missing for r in runs) else 0)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tokens`` to the main app."""
+    app.command("tokens")(tokens_command)
