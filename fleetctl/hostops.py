@@ -1,8 +1,9 @@
 """One short read-only (or lock-taking) operation of the host-side program, run to its end.
 
-``drift`` and ``ship`` keep a :class:`~fleetctl.session.HostSession` open across phases (:mod:`fleetctl.scan`,
-:mod:`fleetctl.ship`); the day-two commands (``releases``, ``history``, ``rollback``, the live
-content behind ``drift --diff`` and ``backport``) each need one request and its events.
+``drift`` and ``ship`` keep a :class:`~fleetctl.session.HostSession` open across phases
+(:mod:`fleetctl.scan`, :mod:`fleetctl.ship`); the day-two commands (``releases``, ``history``,
+``rollback``, the live content behind ``drift --diff`` and ``backport``) each need one request
+and its events.
 """
 
 from __future__ import annotations

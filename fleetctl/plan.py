@@ -22,8 +22,8 @@ from fleetctl.names import printable
 from fleetctl.source import Ancestry
 
 if TYPE_CHECKING:
-    from fleetctl.livestate import LiveState
     from fleetctl.inventory import Host
+    from fleetctl.livestate import LiveState
 
 READY, NO_OP, REFUSED, ERROR, INCOMPLETE = "ready", "no-op", "refused", "error", "incomplete"
 

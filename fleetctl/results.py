@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Protocol
 from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, EXIT_REFUSED
-from fleetctl.diffs import FileDiff
 from fleetctl.livestate import Unreadable
 from fleetctl.source import Ancestry
 

@@ -4,9 +4,9 @@ A host whose inventory says ``service: systemd`` gets one unit per agent,
 ``fleet-runner-<agent>.service``, rendered from ``templates/fleet-runner.service.j2`` with the
 same variables as the agent's config (:func:`fleetctl.render.agent_context`). Units live in the
 host's ``systemd_unit_dir``, outside the managed root: they are not part of the desired tree, of
-a release, or of drift. The ship's ``services`` step (``fleetctl/host/services.py``, after the switch)
-writes the units that differ, removes ``fleet-runner-*.service`` files no agent wants any more,
-and enables and (re)starts every wanted unit; ``docs/layout.md`` describes it.
+a release, or of drift. The ship's ``services`` step (``fleetctl/host/services.py``, after the
+switch) writes the units that differ, removes ``fleet-runner-*.service`` files no agent wants any
+more, and enables and (re)starts every wanted unit; ``docs/layout.md`` describes it.
 """
 
 from __future__ import annotations

@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from fleetctl import bundle
 from fleetctl.errors import HostError
 from fleetctl.hostevents import BadEvent, HostEvent, decode_event, error_from_event
-from fleetctl.inventory import Host
 from fleetctl.protocol import encode_json, frame
 from fleetctl.transport import open_transport
 from fleetctl.transport.base import Channel, Transport
@@ -210,8 +209,27 @@ class HostSession:
         self._forget()
 
 
+class HostTarget(Protocol):
+    """What a session needs of an inventory host (:class:`fleetctl.inventory.Host` has it).
+
+    A protocol rather than an import, so this layer stays below the inventory (docs/design.md,
+    (u)).
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def root(self) -> str: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def timeout_s(self) -> float | None: ...
+
+
 @contextlib.contextmanager
-def open_session(host: Host, request: dict[str, Any]) -> Iterator[HostSession]:
+def open_session(host: HostTarget, request: dict[str, Any]) -> Iterator[HostSession]:
     """Connect to ``host`` and start the host program with ``request`` (``root`` added).
 
     The program is ended and the connection closed on exit, whatever happened.

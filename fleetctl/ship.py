@@ -19,8 +19,9 @@ import concurrent.futures
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 from fleetctl import __version__
 from fleetctl.blueprint import Blueprint
@@ -37,8 +38,8 @@ from fleetctl.fanout import fan_out, wait_interruptible
 from fleetctl.hostevents import Done, Step, WarningEvent
 from fleetctl.inventory import Host
 from fleetctl.livestate import LiveState, read_scan
-from fleetctl.names import printable
 from fleetctl.manifest import Manifest
+from fleetctl.names import printable
 from fleetctl.plan import (
     ERROR,
     INCOMPLETE,
@@ -92,7 +93,7 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
                         "what was scanned may be about to change")
     if found is not None and found.stale:
         warnings.append(found.describe())
-    common = dict(release=state.current, warnings=warnings, commit=state.commit,
+    common: dict[str, Any] = dict(release=state.current, warnings=warnings, commit=state.commit,
                   ancestry=found, identity=_identity_name(state),
                   in_progress=state.ship_in_progress, unchecked=list(tree.unchecked))
     if state.unreadable:
@@ -563,9 +564,10 @@ def _same_root(failed: HostShip, ships: list[HostShip]) -> None:
     if twin is None:
         return
     failed.result.status = "error"
-    failed.result.error = (f"{failed.host.name} ({describe_target(failed.host)}) reaches the same root "
-                           f"on the same machine as {twin.host.name} ({describe_target(twin.host)}): "
-                           "the inventory points two entries at one host; nothing was written")
+    failed.result.error = (
+        f"{failed.host.name} ({describe_target(failed.host)}) reaches the same root "
+        f"on the same machine as {twin.host.name} ({describe_target(twin.host)}): "
+        "the inventory points two entries at one host; nothing was written")
     failed.result.hint = f"check the address, port and root of {failed.host.name!r}"
 
 

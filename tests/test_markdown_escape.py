@@ -16,7 +16,7 @@ from fleetctl.cli.output import results as results_output
 from fleetctl.cli.output.markdown import md_code, md_line, md_text
 from fleetctl.creds_audit import AuditReport, Finding, HostAudit
 from fleetctl.drift import Change
-from fleetctl.hostcall import Unreadable
+from fleetctl.livestate import Unreadable
 from fleetctl.manifest import Entry
 from fleetctl.results import HostResult
 

@@ -53,9 +53,10 @@ def run_admin(argv, what, path):
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=60, check=False)
     except OSError as exc:
-        raise Stop("users", "failed", f"{what}: cannot run {argv[0]}: {os_error_text(exc)}", path)
+        raise Stop("users", "failed", f"{what}: cannot run {argv[0]}: {os_error_text(exc)}",
+                   path) from exc
     except subprocess.TimeoutExpired:
-        raise Stop("users", "failed", f"{what}: {argv[0]} did not finish in 60 s", path)
+        raise Stop("users", "failed", f"{what}: {argv[0]} did not finish in 60 s", path) from None
     if done.returncode:
         tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         raise Stop("users", "permission" if done.returncode == 1 and "ermission" in tail[0]
@@ -112,7 +113,8 @@ def ensure_account(emit, account):
         gid = grp.getgrnam(group).gr_gid
     except KeyError:  # the user exists, its named group does not: create the group only
         if os.geteuid() != 0:
-            raise Stop("users", "permission", root_needed % ("group " + group), "/etc/group")
+            raise Stop("users", "permission", root_needed % ("group " + group),
+                       "/etc/group") from None
         run_admin(["groupadd", "--system", group], "creating group " + group, "/etc/group")
         gid = grp.getgrnam(group).gr_gid
         emit({"t": ACCOUNT, "user": user, "group_created": group})

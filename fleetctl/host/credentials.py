@@ -79,7 +79,7 @@ def take_dir(path):
             os.fchown(fd, os.geteuid(), os.getegid())
     except OSError as exc:  # name the directory: an fd call's error has no file name
         os.close(fd)
-        raise OSError(exc.errno, exc.strerror, path)
+        raise OSError(exc.errno, exc.strerror, path) from exc
     return fd, st.st_uid, st.st_gid, mode
 
 
@@ -128,7 +128,7 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
             os.fchown(fd, *owner_ids(top_entry))
             os.fchmod(fd, int(top_entry["mode"], 8))
         except OSError as exc:
-            raise with_path(exc, top)
+            raise with_path(exc, top) from exc
         finally:
             os.close(fd)
     for entry in (e for e in wanted if e["type"] == "dir" and e["path"].count("/") == 1):
@@ -163,7 +163,7 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
                 os.fsync(fd)
                 os.fchmod(fd, mode)
             except OSError as exc:
-                raise with_path(exc, tmp)
+                raise with_path(exc, tmp) from exc
             finally:
                 os.close(fd)
     except BaseException:
@@ -190,7 +190,7 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
             os.fchown(fd, *owner_ids(entry))
             os.fchmod(fd, int(entry["mode"], 8))
         except OSError as exc:
-            raise with_path(exc, os.path.join(root, enc(path)))
+            raise with_path(exc, os.path.join(root, enc(path))) from exc
         os.close(fd)
         held[path] = (None, 0, 0, 0)
 
@@ -207,7 +207,7 @@ def fix_file(full, uid, gid, mode, path):
         os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
     except OSError as exc:
-        raise with_path(exc, full)
+        raise with_path(exc, full) from exc
     finally:
         os.close(fd)
 

@@ -32,7 +32,7 @@ def write_file(dest, source, owner, mode):
             os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
     except OSError as exc:
-        raise with_path(exc, dest)
+        raise with_path(exc, dest) from exc
     finally:
         os.close(fd)
 
@@ -111,7 +111,7 @@ def write_json(final, body, mode):
         write_all(fd, data)
         os.fsync(fd)
     except OSError as exc:
-        raise with_path(exc, tmp)
+        raise with_path(exc, tmp) from exc
     finally:
         os.close(fd)
     os.rename(tmp, final)
@@ -130,7 +130,7 @@ def fsync_dir(path):
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise with_path(exc, path)
+        raise with_path(exc, path) from exc
     finally:
         os.close(fd)
 

@@ -20,7 +20,7 @@ def lock_root(root):
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise Stop("lock", "locked",
-                       f"another ship holds the lock on {dec(root)}{lock_holder(root)}")
+                       f"another ship holds the lock on {dec(root)}{lock_holder(root)}") from exc
         raise
     return fd
 
@@ -64,7 +64,7 @@ def take_ship_lock(root):
             except OSError as exc:
                 raise Stop("lock", "permission" if exc.errno in (errno.EACCES, errno.EPERM)
                            else "failed", f"cannot create the root: {os_error_text(exc)}",
-                           dec(root))
+                           dec(root)) from exc
         fd = lock_root(root)
         try:
             st, held = os.stat(root), os.fstat(fd)

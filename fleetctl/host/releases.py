@@ -130,7 +130,7 @@ def rollback(emit, root, request):
         except (OSError, ValueError) as exc:
             raise Stop("verify", "failed", f"the record of release {target} cannot be used "
                        f"({exc}): the release cannot be verified, so it is not rolled back to",
-                       dec(record_path(root, enc(target))))
+                       dec(record_path(root, enc(target)))) from exc
         if problems and not request.get("force"):
             more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
             raise Stop("verify", "changed", "release {} was changed since it was shipped: "

@@ -89,14 +89,14 @@ class _Removal:
         except PermissionError as exc:
             o_path = getattr(os, "O_PATH", None)
             if o_path is None:
-                raise with_path(exc, full)
+                raise with_path(exc, full) from exc
             pin = os.open(name, o_path | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
             try:
                 magic = b"/proc/self/fd/%d" % pin
                 os.chmod(magic, 0o700)
                 return os.open(magic, os.O_RDONLY | os.O_DIRECTORY)
             except OSError:
-                raise with_path(exc, full)
+                raise with_path(exc, full) from exc
             finally:
                 os.close(pin)
 
@@ -118,11 +118,11 @@ class _Removal:
                     self.kept.append(full)
                     return False
                 if exc.errno not in (errno.EACCES, errno.EPERM) or attempt == 2:
-                    raise with_path(exc, full)
+                    raise with_path(exc, full) from exc
                 try:
                     os.fchmod(pfd, stat.S_IMODE(os.fstat(pfd).st_mode) | 0o700)
                 except OSError:
-                    raise with_path(exc, full)
+                    raise with_path(exc, full) from exc
         return False
 
     def start(self, pfd, pmount, ppath, name, frames):
@@ -134,7 +134,7 @@ class _Removal:
         except FileNotFoundError:
             return True
         except OSError as exc:
-            raise with_path(exc, full)
+            raise with_path(exc, full) from exc
         if full in self.points:
             self.kept.append(full)
             return False
@@ -147,7 +147,7 @@ class _Removal:
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or file: unlink
                 return self.unlink(pfd, name, full, is_dir=False)
-            raise with_path(exc, full)
+            raise with_path(exc, full) from exc
         try:
             fst = os.fstat(fd)
             here = (fst.st_dev, mount_id(fd))
@@ -158,7 +158,7 @@ class _Removal:
             names = [enc(n) for n in os.listdir(fd)]  # listdir(fd) gives str names
         except OSError as exc:
             os.close(fd)
-            raise with_path(exc, full)
+            raise with_path(exc, full) from exc
         frames.append([fd, here, full, names, True, pfd, name])
         return None
 
@@ -171,8 +171,8 @@ class _Removal:
         except FileNotFoundError:
             return True
         except OSError as exc:
-            raise with_path(exc, head)
-        frames = []
+            raise with_path(exc, head) from exc
+        frames = []  # type: list
         try:
             pst = os.fstat(pfd)
             gone = self.start(pfd, (pst.st_dev, mount_id(pfd)), fd_path(pfd, head), name, frames)

@@ -65,7 +65,8 @@ def unit_changes(unit_dir, wanted):
 
 def probe_units(request):
     """The read-only look a dry run takes: which units a ship would write and remove."""
-    event = {"t": UNITS, "install": [], "remove": [], "problem": None, "kind": None}
+    event = {"t": UNITS, "install": [], "remove": [], "problem": None,
+             "kind": None}  # type: dict
     problem = services_problem(request)
     if problem:
         event["kind"], event["problem"] = problem
@@ -131,7 +132,8 @@ def services_step(emit, command, restart_all):
     units = command["units"]
     wanted = {name: "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
                   for name, text in units.items()}
-    done = {"t": SERVICES, "installed": [], "removed": [], "restarted": [], "started": []}
+    done = {"t": SERVICES, "installed": [], "removed": [], "restarted": [],
+            "started": []}  # type: dict
     failures = []
     try:
         problem = services_problem(command)
@@ -177,7 +179,7 @@ def services_step(emit, command, restart_all):
         if isinstance(path, bytes):
             path = dec(path)
         raise Stop("services", kind, f"{exc.__class__.__name__}: {os_error_text(exc)}",
-                   path)
+                   path) from exc
     finally:
         emit(done)
 

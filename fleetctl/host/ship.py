@@ -98,10 +98,13 @@ def unchanged_since_scan(root, scanned, ignore):
 
     Paths ``.fleetignore`` hides (runtime files such as ``__pycache__/``) may come and go.
     """
-    again = []
+    again = []  # type: list
     problems = []
     walk(os.path.join(root, b"current/"), again.append, lambda rel, exc: problems.append(rel))
-    kept = lambda entries: [e for e in entries if not is_ignored(ignore, e)]
+
+    def kept(entries):
+        return [e for e in entries if not is_ignored(ignore, e)]
+
     return not problems and manifest_digest(kept(again)) == manifest_digest(kept(scanned))
 
 
@@ -218,7 +221,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
             # the plan: that is a hand-patch made during the ship, refused like one.
             if edited_during_ship(root, state, scanned, ignore):
                 raise Stop(step, "changed", "the current release was edited during the ship; "
-                           "nothing was switched, run again to see the hand-patch")
+                           "nothing was switched, run again to see the hand-patch") from None
             raise
         # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
         # of a ship's time): the release must be on disk before it can become current.
@@ -273,7 +276,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
         path = exc.filename
         if isinstance(path, bytes):
             path = dec(path)
-        raise Stop(step, kind, f"{exc.__class__.__name__}: {os_error_text(exc)}", path)
+        raise Stop(step, kind, f"{exc.__class__.__name__}: {os_error_text(exc)}", path) from exc
     # The new release is in use from here on: later trouble is a warning, never a rollback.
     try:
         force_rmtree(emit, blob_dir)

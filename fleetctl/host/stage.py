@@ -52,7 +52,7 @@ def receive_blobs(inp, blob_dir, count):
                 try:
                     write_all(fd, block)
                 except OSError as exc:  # a full disk: say where
-                    raise with_path(exc, name)
+                    raise with_path(exc, name) from exc
                 left -= len(block)
         finally:
             os.close(fd)

@@ -44,7 +44,7 @@ def read_frame(inp):
     try:
         return protocol.read_frame(inp)
     except protocol.FrameError as exc:
-        raise Stop("receive", "failed", str(exc))
+        raise Stop("receive", "failed", str(exc)) from exc
 
 
 def read_json_frame(inp):
@@ -105,13 +105,13 @@ def parse_owner(owner, step, path):
     try:
         uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
     except KeyError:
-        raise Stop(step, "failed", f"no such user on the host: {user}", path)
+        raise Stop(step, "failed", f"no such user on the host: {user}", path) from None
     if not group:
         return uid, -1
     try:
         gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
     except KeyError:
-        raise Stop(step, "failed", f"no such group on the host: {group}", path)
+        raise Stop(step, "failed", f"no such group on the host: {group}", path) from None
     return uid, gid
 
 

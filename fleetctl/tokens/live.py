@@ -109,7 +109,7 @@ class AgentLedger:
         line = line.encode("utf-8", "replace").decode("utf-8")  # a stray byte: quoted as "?"
         try:
             record = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             self.malformed.append(Malformed(self.lines, f"not JSON: {exc.msg}", line[:200]))
             return
         reason = _record_problem(record)
@@ -169,8 +169,9 @@ class AgentLedger:
         task = _median([r["task_prompt_tokens"] for r in recs
                         if isinstance(r.get("task_prompt_tokens"), int)])
         ours = None
-        if prefixes and self.harness_tokens is not None:
-            ours = round(_median(prefixes) + self.harness_tokens + (task or 0))
+        median = _median(prefixes)
+        if median is not None and self.harness_tokens is not None:
+            ours = round(median + self.harness_tokens + (task or 0))
         provider = _median(figures)
         diff = None if provider is None or ours is None else round(provider - ours)
         return {"turns": len(figures), "prompt_tokens_median": provider,
@@ -267,7 +268,8 @@ def read_host_ledgers(host: Host, ledgers: Iterable[AgentLedger], since: str | N
     with open_session(host, request) as session:
         for host_event in session.events():
             kind, event = host_event.t, host_event.raw
-            mine = by_name.get(event.get("agent"))
+            agent = event.get("agent")
+            mine = by_name.get(agent) if isinstance(agent, str) else None
             if kind == "ledger" and mine is not None:
                 mine.add_line(event["line"])
             elif kind == "ledger-partial" and mine is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import collections
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetctl.errors import HostError
@@ -62,12 +63,12 @@ class Transport(ABC):
     def close(self) -> None:
         """Close the connection; safe to call more than once."""
 
-    def explain(self, stderr_tail: str) -> "HostError | None":
+    def explain(self, stderr_tail: str) -> HostError | None:
         """Why a started command failed before it could run, if the transport knows (sudo
         refusing a ``become: sudo`` host); ``None`` otherwise."""
         return None
 
-    def __enter__(self) -> "Transport":
+    def __enter__(self) -> Transport:
         self.connect()
         return self
 

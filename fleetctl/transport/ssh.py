@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +39,10 @@ class SshChannel(Channel):
 
     def send(self, data: bytes | memoryview) -> None:
         try:
-            self._chan.sendall(data)
-        except socket.timeout as exc:
+            # paramiko sends slices of what it is given; a memoryview slices without copying
+            # (its stubs say bytes only).
+            self._chan.sendall(data)  # type: ignore[arg-type]
+        except TimeoutError as exc:
             raise OSError("timed out sending to the host") from exc
 
     def close_stdin(self) -> None:
@@ -53,7 +54,7 @@ class SshChannel(Channel):
     def read(self, size: int) -> bytes:
         try:
             return self._chan.recv(size)
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise OSError("timed out waiting for the host") from exc
 
     def wait(self) -> int:
@@ -131,6 +132,7 @@ def load_known_hosts(path: Path) -> KnownHosts:
         if problem is not None:
             found.problems.append(f"{path}:{lineno}: {problem}; line skipped")
             continue
+        assert entry is not None and entry.key is not None  # no problem: parsed with a key
         if marker == "@revoked":
             found.revoked[(entry.key.get_name(), entry.key.get_base64())] = f"{path}:{lineno}"
             continue
