@@ -269,3 +269,23 @@ def test_the_documented_example_is_what_the_command_measures(capsys):
             f"({compare['saving_pct']:.1f}%) a turn") in docs
     assert (f"tool-definition tokens {compare['tool_tokens_declared']:,} -> "
             f"{compare['tool_tokens_bridge']:,} (cut {compare['tool_cut_pct']:.1f}%)") in docs
+
+
+def test_an_internal_error_in_tokens_takes_the_one_way_out(tmp_path, monkeypatch):
+    """tokens ends like every other command: an unexpected error (here in its JSON renderer,
+    after the audit) prints "internal error" and a hint, exits 2 and shows the traceback only
+    with --debug. (Before, a renderer's error escaped as a raw traceback with exit 1, which CI
+    reads as "over budget", and the audit's own had another message.)"""
+    import fleetctl.cli.output.tokens as rendering
+
+    def broken(*_args, **_kw):
+        raise ValueError("renderer exploded")
+
+    monkeypatch.setattr(rendering, "to_json", broken)
+    project = make_tokens_project(tmp_path, {"triager": _triager()})
+    plain = tokens("--format", "json", project=project)
+    assert plain.code == 2
+    assert "error: internal error: ValueError: renderer exploded" in plain.stderr
+    assert "rerun with --debug" in plain.stderr and "Traceback" not in plain.stderr
+    debug = tokens("--format", "json", "--debug", project=project)
+    assert debug.code == 2 and "Traceback" in debug.stderr and "renderer exploded" in debug.stderr

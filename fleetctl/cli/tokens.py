@@ -15,7 +15,6 @@ Shared pieces (formats, the stderr console, finding the project) come from
 from __future__ import annotations
 
 import sys
-import traceback
 from enum import Enum
 from pathlib import Path
 
@@ -29,11 +28,9 @@ from fleetctl.cli.common import (
     FormatOpt,
     InventoryOpt,
     OutputOpt,
-    err,
     find_project,
-    print_error,
+    guard,
 )
-from fleetctl.errors import EXIT_ERROR, FleetctlError
 
 
 class CompareWith(str, Enum):
@@ -56,11 +53,6 @@ def _never_crash_on_encoding() -> None:
                 stream.reconfigure(errors="backslashreplace")
             except (ValueError, OSError):  # a stream that cannot change: left as it is
                 pass
-
-
-def _fail(exc: FleetctlError) -> None:
-    print_error(exc)
-    raise typer.Exit(exc.exit_code)
 
 
 def tokens_command(
@@ -112,7 +104,8 @@ def tokens_command(
     from fleetctl.errors import InputError
 
     _never_crash_on_encoding()
-    try:
+
+    def body() -> int:
         if live and (compare is not None or baseline is not None):
             raise InputError("--live reads the ledgers on the hosts: it takes no --compare or "
                              "--baseline")
@@ -154,23 +147,16 @@ def tokens_command(
                                     max_growth_pct=max_growth, claude_model=claude_model)
             report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
                                   blueprint or project / "blueprint", options)
-    except FleetctlError as exc:
-        _fail(exc)
-    except Exception:  # noqa: BLE001 - an internal error: message, traceback only with --debug
-        if debug:
-            err.print(traceback.format_exc(), markup=False, highlight=False)
-        else:
-            err.print(f"internal error: {sys.exc_info()[1]!r} (run with --debug for the "
-                      "traceback)", markup=False, highlight=False)
-        raise typer.Exit(EXIT_ERROR) from None
-    if probe:
-        _write_probe(runs, fmt, target)
-    if live:
-        _write_live(live_report, fmt, target)
-    _write_audit(report, fmt, target)
+        if probe:
+            return _write_probe(runs, fmt, target)
+        if live:
+            return _write_live(live_report, fmt, target)
+        return _write_audit(report, fmt, target)
+
+    guard(body, debug)
 
 
-def _write_live(report, fmt: Format, target) -> None:
+def _write_live(report, fmt: Format, target) -> int:
     from fleetctl.cli.output.tokens_live import to_json, to_markdown, to_text
 
     fh = target or sys.stdout
@@ -178,10 +164,10 @@ def _write_live(report, fmt: Format, target) -> None:
     fh.flush()
     if target is not None:
         target.close()
-    raise typer.Exit(report.exit_code)
+    return report.exit_code
 
 
-def _write_audit(report, fmt: Format, target) -> None:
+def _write_audit(report, fmt: Format, target) -> int:
     from fleetctl.cli.output.tokens import print_text, to_json, to_markdown
 
     fh = target or sys.stdout
@@ -196,10 +182,10 @@ def _write_audit(report, fmt: Format, target) -> None:
     fh.flush()
     if target is not None:
         target.close()
-    raise typer.Exit(report.exit_code)
+    return report.exit_code
 
 
-def _write_probe(runs, fmt: Format, target) -> None:
+def _write_probe(runs, fmt: Format, target) -> int:
     from fleetctl.cli.output.tokens import probe_json, probe_text
 
     fh = target or sys.stdout
@@ -207,7 +193,7 @@ def _write_probe(runs, fmt: Format, target) -> None:
     fh.flush()
     if target is not None:
         target.close()
-    raise typer.Exit(1 if any(r.unexpected or r.missing for r in runs) else 0)
+    return 1 if any(r.unexpected or r.missing for r in runs) else 0
 
 
 def register(app: typer.Typer) -> None:
