@@ -70,18 +70,22 @@ StartLimitBurst=5
 
 [Service]
 Type=simple
-# The agent's own user, group and HOME; nothing else on the host runs as it.
-User={user}
-Group={user}
-Environment="HOME=/home/{user}"
+# Two users (docs/runner.md, "The two users"): the runner runs as root and starts the agent
+# command, its checks and git as the agent's own user ({user}, --agent-user), so the
+# agent cannot write the runner's state, records, ledger or evidence.
+User=root
+Group=root
 Environment="FLEET_ROOT={root}"
 Environment=PYTHONDONTWRITEBYTECODE=1
 UMask=0077
-# State and workspace live outside the release tree, owned by the agent (0700). "+" runs this
-# line with full privileges; "-" lets the working directory be missing until it has run.
-ExecStartPre=+/usr/bin/install -d -m 0700 -o {user} -g {user} "/home/{user}" "{state}" "{workspace}"
+# The agent's HOME and workspace are its own (0700); the state directory is root's (0700: the
+# runner opens it to 0711 and gives the agent its own directories in it). Both live outside
+# the release tree. "+" runs these lines with full privileges; "-" lets the working directory
+# be missing until they have run.
+ExecStartPre=+/usr/bin/install -d -m 0700 -o {user} -g {user} "/home/{user}" "{workspace}"
+ExecStartPre=+/usr/bin/install -d -m 0700 -o root -g root "{state}"
 WorkingDirectory=-{workspace}
-ExecStart="{root}/current/runner/bin/fleet-runner" --agent {agent} --root "{root}" --state-dir "{state}" --workspace "{workspace}"
+ExecStart="{root}/current/runner/bin/fleet-runner" --agent {agent} --root "{root}" --state-dir "{state}" --workspace "{workspace}" --agent-user {user}
 # Restart after a crash; not after exit 2 (broken config or release: a restart cannot help)
 # or exit 3 (another runner already serves this agent).
 Restart=on-failure
