@@ -1942,7 +1942,8 @@ def _read_json_file(path):
 
 
 def _agent_status(root, agent):
-    """One agent's runner records, read only: its last task, escalations waiting, ledger."""
+    """One agent's runner records, read only: its last task, escalations waiting, ledger,
+    standing denials."""
     state = os.path.join(root, b"state", enc(agent))
     out = {"t": "agent-status", "agent": agent, "state_exists": os.path.isdir(state),
            "last_task": None, "escalations": 0, "escalation_list": [], "turns": 0,
@@ -2050,7 +2051,7 @@ def _standing_denials(root, state, agent, errors):
 def read_status(root, request):
     """Op ``status``: the release in use and its provenance, and for each named agent its
     runner's records (last task, escalations in the notify spool, the ledger's last prefix
-    totals); read only."""
+    totals, standing denials); read only."""
     current = None
     try:
         target = os.readlink(os.path.join(root, b"current"))
