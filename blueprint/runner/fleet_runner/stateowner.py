@@ -7,7 +7,7 @@ files owned by the agent's user: the agent could still open them by name and rew
 state back: every entry under ``STATE`` becomes the runner's, except the agent's own
 directories (``STATE/agent/``, the outbox and notify spools, and everything in them), which
 become the agent user's. Symlinks are re-owned as links (``lchown``) and never followed, and
-runner-owned entries lose group and other write permission.
+the runner's files and directories lose group and other write permission.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def claim_state(state: Path, agent_dirs: Iterable[Path], runner_ids: tuple[int, 
         if (st.st_uid, st.st_gid) != ids:
             os.lchown(path, *ids)
             touched = True
-        if not for_agent and not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+        # Not a link (its mode means nothing) nor a socket (the runner's evidence socket is
+        # 0666 by design: made again at startup).
+        plain = stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+        if not for_agent and plain and st.st_mode & 0o022:
             os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
             touched = True
         if touched:
