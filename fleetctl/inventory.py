@@ -298,8 +298,9 @@ def load_inventory(path: Path, roles: set[str] | None = None,
                     hint=f"roles defined: {', '.join(sorted(roles)) or '(none)'}")
             key = ["hosts", name, "agents", agent_name]
             if (pick("service") or "none") == "systemd" and not a.user:
-                raise input_error(path, node, key, "service: systemd runs each agent's runner "
-                                  "as the agent's own user: set user: for this agent")
+                raise input_error(path, node, key, "service: systemd runs each agent's command "
+                                  "as the agent's own user (its runner as root): set user: for "
+                                  "this agent")
             grants = tuple(_grant(path, node, [*key, "grants", cap], cap, g, a.role, blueprint)
                            for cap, g in a.grants.items())
             agent = Agent(agent_name, a.role, {**host_vars, **a.vars}, user=a.user,

@@ -10,10 +10,13 @@ failure never stops the others) gives:
   ``gave-up``, ``denied``, ``refused``; ``running`` while there is none) and the verdict of its
   last attempt, its retries (attempts after the first), the escalations waiting for a person
   (files in the ``notify/`` spool, which the pager removes once delivered), and its prefix
-  tokens per turn (median and last of the ledger's last 200 turns).
+  tokens per turn (median and last of the ledger's last 200 turns), and its standing denials
+  (``standing-denials/``: a refused permission that holds every new task until a person clears
+  it) with the command that clears each on the host.
 
 Exit codes (DESIGN.md §4): 0 nothing needs attention, 1 attention needed (an escalation
-waiting, a last task that gave up, was denied or refused, a host with no release), 2 a host, or
+waiting, a standing denial, a last task that gave up, was denied or refused, a host with no
+release), 2 a host, or
 an agent's records, could not be read.
 """
 
@@ -45,6 +48,9 @@ class AgentStatus:
             describes the first 20 (``task, kind, time, reason, via``).
         turns: ledger turns; ``prefix_median`` and ``prefix_last``: prefix tokens per turn
             over the last 200 turns, ``None`` without turns.
+        standing_denials: the runner's standing denials, oldest first: ``permission``,
+            ``since`` (ISO time), ``task``, ``run``, ``what`` and ``clear`` (the command a
+            person runs on the host to clear it).
         errors: records that could not be read (path: error).
     """
 
@@ -63,6 +69,7 @@ class AgentStatus:
     turns: int = 0
     prefix_median: float | None = None
     prefix_last: int | float | None = None
+    standing_denials: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -71,7 +78,8 @@ class AgentStatus:
 
     @property
     def attention(self) -> bool:
-        return bool(self.escalations) or self.outcome in ATTENTION_OUTCOMES
+        return (bool(self.escalations) or bool(self.standing_denials)
+                or self.outcome in ATTENTION_OUTCOMES)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "agent": self.agent, "role": self.role,
@@ -82,6 +90,7 @@ class AgentStatus:
                 "escalations": self.escalation_list, "turns": self.turns,
                 "prefix_tokens_per_turn": {"median": self.prefix_median,
                                            "last": self.prefix_last},
+                "standing_denials": self.standing_denials,
                 "attention": self.attention, "errors": self.errors}
 
 
@@ -141,6 +150,8 @@ def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
             a.prefix_median = statistics.median(totals) if totals else None
             a.prefix_last = totals[-1] if totals else None
             a.errors = list(e.get("errors") or [])
+            a.standing_denials = [d for d in e.get("standing_denials") or []
+                                  if isinstance(d, dict)]
             last = e.get("last_task")
             if isinstance(last, dict):
                 a.last_task = last.get("task")

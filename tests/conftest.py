@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.ssh_fixtures"]
+pytest_plugins = ["tests.ssh_fixtures", "tests.runner_python"]
 
 
 @pytest.fixture(autouse=True)

@@ -25,6 +25,7 @@ import yaml
 from fleetctl.blueprint import load_blueprint
 from fleetctl.inventory import load_inventory
 from fleetctl.render import render_host, write_tree
+from tests.runner_python import precompile_runner
 
 REPO = Path(__file__).resolve().parents[1]
 FAKES = REPO / "tests" / "fake_agents"
@@ -183,6 +184,7 @@ def make_fleet(tmp_path):
         blueprint = load_blueprint(bp, REPO / "templates")
         host = load_inventory(inv, set(blueprint.roles)).hosts[0]
         write_tree(render_host(blueprint, host, with_credentials=False), root / "releases" / "r1")
+        precompile_runner(root / "releases" / "r1" / "runner")  # tests/runner_python.py
         os.symlink("releases/r1", root / "current")
         if config:
             path = root / "releases" / "r1" / "agents" / AGENT / "agent.yaml"

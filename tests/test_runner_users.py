@@ -69,3 +69,46 @@ def test_a_forged_send_fails_anti_silence(real_users, open_base, make_fleet):
     assert gate["status"] == "fail"
     assert fleet.where("h2") == ["failed"]
     assert "refused a report" in done.stderr
+
+
+@needs_root
+def test_state_left_by_a_one_user_runner_is_taken_back(real_users, open_base, make_fleet):
+    """A host upgraded from the unit that ran the runner as the agent's user: the state is the
+    agent's. With --agent-user the runner gives the records, ledger, spools and evidence to
+    itself, and the agent's own directories (with what is in them) to the agent user."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, user)
+    old = {  # what a one-user runner left, relative to STATE
+        "ledger.jsonl": '{"task": "t0"}\n', "sends.jsonl": "", "runs/t0/attempt-1.json": "{}",
+        "done/1-t0.json": "{}", "agent/sends-claimed.jsonl": "", "outbox/m0.json": "{}"}
+    for rel, text in old.items():
+        path = fleet.state / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for path in [fleet.state, *fleet.state.rglob("*")]:
+        os.lchown(path, user.pw_uid, user.pw_gid)
+    os.chmod(fleet.state / "ledger.jsonl", 0o666)  # writable by anyone, too
+    # A symlink the agent planted is re-owned as a link; its target is not touched.
+    outside = open_base / "outside"
+    outside.write_text("not the runner's\n")
+    os.chown(outside, user.pw_uid, user.pw_gid)
+    os.symlink(outside, fleet.state / "runs" / "planted")
+    fleet.drop("h3", text="What is 6 x 7?")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("h3") == ["done"]
+    me, agent = (os.geteuid(), os.getegid()), (user.pw_uid, user.pw_gid)
+    for rel in ("ledger.jsonl", "sends.jsonl", "runs", "runs/t0/attempt-1.json", "done",
+                "done/1-t0.json", "runs/planted"):
+        st = (fleet.state / rel).lstat()
+        assert (st.st_uid, st.st_gid) == me, rel
+    assert not (fleet.state / "ledger.jsonl").stat().st_mode & 0o022
+    for rel in ("agent", "agent/sends-claimed.jsonl", "outbox", "outbox/m0.json"):
+        st = (fleet.state / rel).lstat()
+        assert (st.st_uid, st.st_gid) == agent, rel
+    st = outside.stat()
+    assert (st.st_uid, st.st_gid) == agent and outside.read_text() == "not the runner's\n"
+    assert "state re-owned for two users" in done.stderr
+    # The ledger is the runner's again: the new task's line was added to the old one.
+    assert [line["task"] for line in fleet.ledger()] == ["t0", "h3"]

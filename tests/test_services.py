@@ -28,6 +28,7 @@ import yaml
 
 from tests.helpers import (build_tree, cli, git, local_host, make_project, snapshot, ssh_host,
                            write_inventory)
+from tests.test_runner_clis import open_base  # noqa: F401  (a fixture)
 
 UNIT_TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "fleet-runner.service.j2"
 U1, U2 = "fleet-runner-a1.service", "fleet-runner-a2.service"
@@ -70,18 +71,22 @@ StartLimitBurst=5
 
 [Service]
 Type=simple
-# The agent's own user, group and HOME; nothing else on the host runs as it.
-User={user}
-Group={user}
-Environment="HOME=/home/{user}"
+# Two users (docs/runner.md, "The two users"): the runner runs as root and starts the agent
+# command, its checks and git as the agent's own user ({user}, --agent-user), so the
+# agent cannot write the runner's state, records, ledger or evidence.
+User=root
+Group=root
 Environment="FLEET_ROOT={root}"
 Environment=PYTHONDONTWRITEBYTECODE=1
 UMask=0077
-# State and workspace live outside the release tree, owned by the agent (0700). "+" runs this
-# line with full privileges; "-" lets the working directory be missing until it has run.
-ExecStartPre=+/usr/bin/install -d -m 0700 -o {user} -g {user} "/home/{user}" "{state}" "{workspace}"
+# The agent's HOME and workspace are its own (0700); the state directory is root's (0700: the
+# runner opens it to 0711 and gives the agent its own directories in it). Both live outside
+# the release tree. "+" runs these lines with full privileges; "-" lets the working directory
+# be missing until they have run.
+ExecStartPre=+/usr/bin/install -d -m 0700 -o {user} -g {user} "/home/{user}" "{workspace}"
+ExecStartPre=+/usr/bin/install -d -m 0700 -o root -g root "{state}"
 WorkingDirectory=-{workspace}
-ExecStart="{root}/current/runner/bin/fleet-runner" --agent {agent} --root "{root}" --state-dir "{state}" --workspace "{workspace}"
+ExecStart="{root}/current/runner/bin/fleet-runner" --agent {agent} --root "{root}" --state-dir "{state}" --workspace "{workspace}" --agent-user {user}
 # Restart after a crash; not after exit 2 (broken config or release: a restart cannot help)
 # or exit 3 (another runner already serves this agent).
 Restart=on-failure
@@ -472,3 +477,81 @@ def test_on_a_terminal_unit_files_are_confirmed_and_starting_units_is_not(tmp_pa
     assert status == 0, out.decode(errors="replace")
     assert b"[y/N]" not in out
     assert b.fake.calls() == enable_start(U1, U2)
+
+
+def test_the_unit_run_as_systemd_would_serves_with_two_users(open_base):
+    """The shipped unit's own lines, run the way systemd runs them (PID 1 is not systemd here:
+    Environment= lines, ExecStartPre= with full privileges, ExecStart= as User=root in
+    WorkingDirectory= with UMask=0077), on a host whose state a one-user runner left owned by
+    the agent's user: the repository's runner serves a person's message, the agent runs as
+    its own user, and the state ends up the runner's, out of the agent's reach."""
+    import pwd
+    import shlex
+
+    from tests.test_tokens_live_runner import _blueprint, _drop
+
+    user = pwd.getpwnam(USERS["a1"])
+    agent_ids = (user.pw_uid, user.pw_gid)
+    bp = _blueprint(open_base)  # the real runner, reply and notify; a fake agent that replies
+    # The agent's user cannot run this venv's interpreter (under /root): a plain python3 (the
+    # fake is outside the blueprint, so the checkout stays clean).
+    fake_agent = open_base / "fake-agent"
+    body = fake_agent.read_text().split("\n", 1)[1]
+    fake_agent.write_text("#!/usr/bin/env python3\n" + body)
+    root, unit_dir = open_base / "root", open_base / "units"
+    unit_dir.mkdir()
+    fake = FakeSystemctl(open_base, unit_dir, root)
+    inv = write_inventory(open_base / "inv.yaml", {"h": local_host(
+        root, {"a1": {"role": "tester", "user": user.pw_name, "vars": {"channel": "#support"}}},
+        service="systemd", systemd_unit_dir=str(unit_dir), systemctl=str(fake.path))})
+    shipped = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert shipped.code == 0, shipped.stdout + shipped.stderr
+    lines = [ln.split("=", 1) for ln in (unit_dir / U1).read_text().splitlines()
+             if "=" in ln and not ln.startswith("#")]
+    assert ["User", "root"] in lines and ["UMask", "0077"] in lines
+    env = {"PATH": os.environ["PATH"]}
+    for key, value in lines:
+        if key == "Environment":
+            name, _, val = shlex.split(value)[0].partition("=")
+            env[name] = val
+
+    state = root / "state" / "a1"
+    (state / "runs").mkdir(parents=True)  # left by the one-user unit: the agent's
+    (state / "ledger.jsonl").write_text("")
+    for path in (state, state / "runs", state / "ledger.jsonl"):
+        os.chown(path, *agent_ids)
+    for key, value in lines:
+        if key == "ExecStartPre":
+            assert value.startswith("+")  # full privileges, as root
+            subprocess.run(shlex.split(value[1:]), check=True, timeout=30)
+    workspace = root / "workspace" / "a1"
+    assert (os.stat(workspace).st_uid, stat.S_IMODE(os.stat(workspace).st_mode)) == \
+        (user.pw_uid, 0o700)
+    _drop(state, "m1", "Please reply 1 times.")
+    log = open_base / "fake.log"
+    log.touch()
+    os.chown(log, *agent_ids)
+    [start] = [shlex.split(v) for k, v in lines if k == "ExecStart"]
+    [workdir] = [v.lstrip("-") for k, v in lines if k == "WorkingDirectory"]
+    umask = os.umask(0o077)
+    try:
+        done = subprocess.run([*start, "--once", "--poll-s", "0.1"], cwd=workdir,
+                              env={**env, "FAKE_AGENT_LOG": str(log)}, capture_output=True,
+                              text=True, timeout=180, stdin=subprocess.DEVNULL)
+    finally:
+        os.umask(umask)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((state / "runs" / "m1" / "result.json").read_text())
+    assert result["outcome"] == "pass", result
+    # The reply was written by the agent's user, and counted through the runner's socket.
+    [sent] = [p for p in (state / "outbox").iterdir() if p.suffix == ".json"]
+    assert os.stat(sent).st_uid == user.pw_uid
+    [send] = [json.loads(ln) for ln in (state / "sends.jsonl").read_text().splitlines()]
+    assert send["via"] == "runner" and send["outbox_file"] == sent.name
+    # The runner's state is root's and not writable by the agent, the old files included.
+    st = os.stat(state)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711)
+    for path in (state / "runs", state / "ledger.jsonl", state / "sends.jsonl",
+                 state / "runs" / "m1" / "result.json"):
+        st = os.lstat(path)
+        assert st.st_uid == 0 and not st.st_mode & 0o022, path

@@ -34,13 +34,13 @@ def _run_runner(root: Path, log: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_status_and_report_chart_from_real_runner_records(tmp_path):
+def _ship_tester(tmp_path: Path, role_keys: dict, why: str):
+    """Ship the test role of tests/test_tokens_live_runner.py, with ``role_keys`` set in it
+    (committed with message ``why``), to a local host; return ``(bp, root, inventory, ship)``."""
     bp = _blueprint(tmp_path)
     role = bp / "roles" / "tester.yaml"
-    body = yaml.safe_load(role.read_text())
-    body["max_retries"] = 1
-    role.write_text(yaml.safe_dump(body))
-    subprocess.run(["git", "-C", str(tmp_path), "commit", "-qam", "retry once"], check=True,
+    role.write_text(yaml.safe_dump({**yaml.safe_load(role.read_text()), **role_keys}))
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-qam", why], check=True,
                    env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x.invalid",
                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x.invalid"})
     root = tmp_path / "root"
@@ -48,6 +48,11 @@ def test_status_and_report_chart_from_real_runner_records(tmp_path):
         root, {AGENT: {"role": "tester", "vars": {"channel": "#support"}}})})
     shipped = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
     assert shipped.code == 0, shipped.stdout + shipped.stderr
+    return bp, root, inv, shipped
+
+
+def test_status_and_report_chart_from_real_runner_records(tmp_path):
+    bp, root, inv, shipped = _ship_tester(tmp_path, {"max_retries": 1}, "retry once")
     release = shipped.host("h1")["release"]
     commit = shipped.doc["source"]["commit"]
 
@@ -178,3 +183,60 @@ def test_status_over_ssh(tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts):
     (a,) = h["agents"]
     assert (a["agent"], a["last_task"], a["escalations_waiting"], a["turns"]) == (
         "w1", None, 0, 0)
+
+
+DENYING_AGENT = '''#!{python}
+"""A fake agent whose CLI result reports a refused tool call (Claude Code's JSON result)."""
+import json, sys
+sys.stdin.read()
+print(json.dumps({{"type": "result", "subtype": "success", "is_error": False,
+                  "result": "I could not run the command.", "session_id": "s-1",
+                  "permission_denials": [{{"tool_name": "Bash", "tool_use_id": "t1",
+                                          "tool_input": {{"command": "rm -rf build"}}}}],
+                  "usage": {{"input_tokens": 10, "output_tokens": 2}}}}))
+'''
+
+
+def test_status_shows_standing_denials_and_the_command_that_clears_them(tmp_path):
+    """A real runner stops a task on a refused permission and keeps it as a standing denial;
+    status names it (permission, since, task) with the command that clears it, and running
+    that very command clears it."""
+    import shlex
+    import sys
+
+    fake = tmp_path / "denying-agent"
+    fake.write_text(DENYING_AGENT.format(python=sys.executable))
+    fake.chmod(0o755)
+    bp, root, inv, _ = _ship_tester(tmp_path, {"agent_command": [str(fake)]}, "a denying agent")
+    state = root / "state" / AGENT
+    _drop(state, "d1", "Clean the build.")
+    _drop(state, "d2", "Then this.")
+    _run_runner(root, tmp_path / "fake.log")
+
+    # What the runner wrote, read here: one standing denial, d2 still waiting in the inbox.
+    [held] = [json.loads(p.read_text()) for p in (state / "standing-denials").iterdir()]
+    assert held["permission"] == "tool:Bash" and held["task"] == "d1"
+    assert [p.name.endswith("-d2.json") for p in (state / "inbox").iterdir()] == [True]
+    runner = root / "current" / "runner" / "bin" / "fleet-runner"
+    expected_clear = (f"{runner} --agent {AGENT} --root {root} --clear-denial tool:Bash")
+
+    run = cli("status", "--json", inventory=inv, blueprint=bp)
+    assert run.code == 1, run.stdout + run.stderr  # a person must clear it
+    (a,) = run.doc["hosts"][0]["agents"]
+    assert a["attention"] is True
+    assert a["standing_denials"] == [{
+        "permission": "tool:Bash", "since": held["time"], "task": "d1", "run": held["run"],
+        "what": held["what"], "clear": expected_clear}]
+    text = cli("status", inventory=inv, blueprint=bp)
+    assert text.code == 1
+    assert (f"    standing denial tool:Bash since {held['time']} (task d1): no new task starts; "
+            f"clear it with: {expected_clear}") in text.stdout.splitlines()
+
+    # The command status shows is the one that works.
+    cleared = subprocess.run(shlex.split(a["standing_denials"][0]["clear"]),
+                             capture_output=True, text=True, timeout=60)
+    assert cleared.returncode == 0, cleared.stderr
+    assert list((state / "standing-denials").iterdir()) == []
+    after = cli("status", "--json", inventory=inv, blueprint=bp)
+    (a,) = after.doc["hosts"][0]["agents"]
+    assert a["standing_denials"] == []

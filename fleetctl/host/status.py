@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import re
+import shlex
 
 from fleetctl.host.state import read_identity, record_meta
 from fleetctl.host.wire import dec, enc, os_error_text
@@ -25,7 +26,8 @@ def _read_json_file(path):
 
 
 def _agent_status(root, agent):
-    """One agent's runner records, read only: its last task, escalations waiting, ledger."""
+    """One agent's runner records, read only: its last task, escalations waiting, ledger,
+    standing denials."""
     state = os.path.join(root, b"state", enc(agent))
     out = {"t": AGENT_STATUS, "agent": agent, "state_exists": os.path.isdir(state),
            "last_task": None, "escalations": 0, "escalation_list": [], "turns": 0,
@@ -99,13 +101,41 @@ def _agent_status(root, agent):
             out["errors"].append(f"{dec(ledger)}: {os_error_text(exc)}")
     out["turns"] += len(totals)
     out["prefix_totals"] = totals[-STATUS_TURNS:]
+    out["standing_denials"] = _standing_denials(root, state, agent, out["errors"])
     return out
+
+
+def _standing_denials(root, state, agent, errors):
+    """The runner's standing denials (``STATE/standing-denials/*.json``, written by
+    blueprint/runner/fleet_runner/standing.py), oldest first, each with the command that
+    clears it on this host; a directory that cannot be read is added to ``errors``."""
+    folder = os.path.join(state, b"standing-denials")
+    try:
+        names = sorted(n for n in os.listdir(folder)
+                       if n.endswith(b".json") and not n.startswith(b"."))
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            errors.append(f"{dec(folder)}: {os_error_text(exc)}")
+        return []
+    runner = os.path.join(root, b"current", b"runner", b"bin", b"fleet-runner")
+    found = []
+    for name in names:
+        d = _read_json_file(os.path.join(folder, name)) or {"what": "(unreadable file)"}
+        permission = d.get("permission")
+        if not isinstance(permission, str) or not permission:
+            permission = dec(name[:-5])
+        found.append({"permission": permission, "since": d.get("time"), "task": d.get("task"),
+                      "run": d.get("run"), "what": d.get("what"),
+                      "clear": " ".join(shlex.quote(a) for a in (
+                          dec(runner), "--agent", agent, "--root", dec(root),
+                          "--clear-denial", permission))})
+    return sorted(found, key=lambda d: str(d["since"] or ""))
 
 
 def read_status(emit, root, request):
     """Op ``status``: the release in use and its provenance, and for each named agent its
     runner's records (last task, escalations in the notify spool, the ledger's last prefix
-    totals); read only."""
+    totals, standing denials); read only."""
     current = None
     try:
         target = os.readlink(os.path.join(root, b"current"))

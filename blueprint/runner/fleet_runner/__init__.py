@@ -30,6 +30,7 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.calls`      shims first on the agent's PATH counting its CLI and MCP calls
 - :mod:`fleet_runner.evidence`   what the CLIs record for the runner: sends and denials
 - :mod:`fleet_runner.sendproof`  with two users, sends recorded through the runner's socket
+- :mod:`fleet_runner.stateowner` with two users, who owns what in the state directory
 - :mod:`fleet_runner.records`    JSON files and the JSONL ledger, written safely
 - :mod:`fleet_runner.progress`   the per-task sentinel that makes restarts safe
 - :mod:`fleet_runner.escalate`   telling a person, through the notify CLI

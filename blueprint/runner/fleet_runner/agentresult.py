@@ -120,14 +120,14 @@ def _transcript_denials(entries: Iterator[dict[str, Any]], source: str) -> list[
     """Refused tool calls in transcript entries: ``tool_result`` blocks with ``is_error`` whose
     text says the permission was refused, named by the ``tool_use`` block they answer (else by
     the text)."""
-    entries = list(entries)
+    listed = list(entries)  # read twice: names first, then the refusals
     names: dict[str, str] = {}
-    for entry in entries:
+    for entry in listed:
         for block in _blocks(entry):
             if block.get("type") == "tool_use" and isinstance(block.get("id"), str):
                 names[block["id"]] = str(block.get("name") or "?")
     out = []
-    for entry in entries:
+    for entry in listed:
         for block in _blocks(entry):
             if not (block.get("type") == "tool_result" and block.get("is_error")):
                 continue

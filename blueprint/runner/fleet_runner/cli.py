@@ -105,7 +105,7 @@ def _hold_lock(path: Path) -> int | None:
     return fd  # held until the process ends (kept open across exec: see _reexec)
 
 
-def _show_prefix(paths) -> int:
+def _show_prefix(paths: AgentPaths) -> int:
     config = load_config(paths.config)
     prefix = build_prefix(config.prompt, config.skills, paths.skills,
                           bridged_servers=config.bridged_servers)
@@ -119,7 +119,7 @@ def _show_prefix(paths) -> int:
     return EXIT_OK
 
 
-def _reexec(paths, argv: list[str], lock_fd: int) -> None:
+def _reexec(paths: AgentPaths, argv: list[str], lock_fd: int) -> None:
     entry = Path(os.path.realpath(paths.release)) / "runner" / "bin" / "fleet-runner"
     os.set_inheritable(lock_fd, False)  # the new image takes the lock itself
     os.close(lock_fd)

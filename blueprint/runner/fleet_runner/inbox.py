@@ -135,7 +135,7 @@ def read_message_file(path: Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between lstat and open
             raise MessageError("not a regular file, not a message file")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 1 << 16)
             if not chunk:

@@ -442,13 +442,16 @@ def _note_tree(root: int, seen: dict[int, int]) -> None:
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    stdin = proc.stdin
+    if stdin is None:  # started without a pipe: nothing to feed
+        return
     try:
         if data:
-            proc.stdin.write(data)
+            stdin.write(data)
     except OSError:  # the command ended or closed stdin without reading it all
         pass
     finally:
         try:
-            proc.stdin.close()
+            stdin.close()
         except OSError:
             pass

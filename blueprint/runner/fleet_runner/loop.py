@@ -48,7 +48,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_runner import calls, evidence, gates, reposync, scoperequest, sendproof, standing
+from fleet_runner import (
+    calls,
+    evidence,
+    gates,
+    reposync,
+    scoperequest,
+    sendproof,
+    standing,
+    stateowner,
+)
 from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
 from fleet_runner.escalate import escalate
@@ -69,10 +78,10 @@ from fleet_runner.records import (
     write_json_atomic,
 )
 from fleet_runner.scope import compile_scope
-from fleet_runner.undo import store_baseline, undo_changes
 from fleet_runner.snapshot import Changes, diff_snapshots, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
+from fleet_runner.undo import store_baseline, undo_changes
 
 PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokens/prefix_counts.py writes it at render
 
@@ -242,14 +251,17 @@ class Runner:
 
     def split_users(self, name: str) -> None:
         """Run the agent command and the checks as the Linux user ``name``, apart from the
-        runner (sendproof.py, docs/runner.md "The two users"): ``STATE`` becomes 0711 (the
-        agent's user may reach only what it is given), ``STATE/agent/`` and the outbox and
+        runner (sendproof.py, docs/runner.md "The two users"): what is under ``STATE`` is
+        re-owned (stateowner.py: a state written with one user is taken back), ``STATE``
+        becomes 0711 (the agent's user may reach only what it is given), ``STATE/agent/`` and
+        the outbox and
         notify spools are its own, the shims directory is the runner's (readable), the
         evidence socket listens, and git in the workspace runs as that user.
 
         Raises:
             RunnerError: no such user, this process may not switch to it, the workspace is not
                 the user's, or no Python interpreter the user may run is found.
+            OSError: the state could not be re-owned (no root or ``CAP_CHOWN``).
         """
         import pwd
         try:
@@ -278,6 +290,14 @@ class Runner:
         if python is None:
             raise RunnerError(f"--agent-user {name}: no Python interpreter that user may run "
                               "(for its send shims)")
+        agent_dirs = (self.paths.state / AGENT_DIR, self.paths.outbox, self.paths.notify,
+                      self.paths.workspace)
+        taken = stateowner.claim_state(self.paths.state, agent_dirs,
+                                       (os.geteuid(), os.getegid()),
+                                       (entry.pw_uid, entry.pw_gid))
+        if taken:
+            self.log(f"state re-owned for two users: {len(taken)} entries (the runner's "
+                     f"unless in {AGENT_DIR}/, the outbox or notify), first {taken[0]}")
         os.chmod(self.paths.state, 0o711)
         for path in (self.paths.state / AGENT_DIR, self.paths.outbox, self.paths.notify):
             os.makedirs(path, mode=0o700, exist_ok=True)
@@ -590,8 +610,11 @@ class Runner:
             leftover = read_json(self.paths.sync_leftover)
         except ValueError:
             leftover = None
+        sync = config.sync
+        if sync is None:  # the caller syncs only a role with ``sync``
+            return False
         result = reposync.sync_workspace(
-            self.paths.workspace, config.sync, agent=self.paths.agent, task=message.id,
+            self.paths.workspace, sync, agent=self.paths.agent, task=message.id,
             leftover=leftover if isinstance(leftover, dict) else None,
             sentinel=self.paths.sync_sentinel)
         if result.recovered:
@@ -614,7 +637,8 @@ class Runner:
             reposync.remove_file(self.paths.sync_leftover)  # applied back: now this task's
             reposync.write_sentinel(self.paths.in_progress, task=message.id,
                                     message_file=path.name, attempt=0,
-                                    start_commit=result.after, sync=config.sync)
+                                    start_commit=result.after or "",  # set when synced
+                                    sync=sync)
         return False
 
     def _synced(self, task: _Task) -> bool:
@@ -1078,7 +1102,8 @@ class Runner:
                                f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
                                f"Standing denial(s) {', '.join(held)}: no new task of this "
                                f"agent starts until a person clears each: "
-                               + "; ".join(clear.replace("PERMISSION", shlex.quote(p)) for p in held)
+                               + "; ".join(clear.replace("PERMISSION", shlex.quote(p))
+                                           for p in held)
                                + f"\nAttempts:\n{history}")
             final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)

@@ -1,8 +1,9 @@
 """The prompt prefix: what the model receives before the task on every turn (DESIGN.md §2).
 
 One builder, used by the runner to make the prefix it sends and by ``fleetctl tokens`` to
-measure the very same text (docs/invariants.md, invariant 9). It reads only its arguments and the skills
-directory, holds no state, imports only the standard library, and importing it does nothing.
+measure the very same text (docs/invariants.md, invariant 9). It reads only its arguments and
+the skills directory, holds no state, imports only the standard library, and importing it does
+nothing.
 
 The runner itself sends three text components, kept apart so each can be measured on its own:
 

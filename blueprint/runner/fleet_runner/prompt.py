@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet_runner.gates import GateResult, reply_command
-
 from fleet_runner.inbox import Message
 from fleet_runner.records import head_text
 

@@ -462,14 +462,15 @@ def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
         The result; a git failure is a ``"refused"`` result, never an exception.
     """
     made: dict[str, Any] = {}
-    recovered = None
+    recovered: str | None = None
     try:
         prior = read_sentinel(sentinel) if sentinel is not None else None
         if prior and prior.get("task") == task:
             made["recoveries"] = int(prior.get("recoveries") or 0) + 1
-            recovered = _recover(workspace, sync, prior, made)
-            if isinstance(recovered, SyncResult):
-                return recovered
+            undone = _recover(workspace, sync, prior, made)
+            if isinstance(undone, SyncResult):
+                return undone
+            recovered = undone
         result = _sync(workspace, sync, agent, task, leftover, made, sentinel)
         result.recovered = recovered
         return result
@@ -488,7 +489,7 @@ def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
                     where += f", not applied back: {again}"
         return SyncResult(REFUSED, f"the working repository could not be synced: {exc}{where}",
                           before=made.get("before"), stash=stash, detail=str(exc),
-                          recovered=recovered if isinstance(recovered, str) else None)
+                          recovered=recovered)
 
 
 def _read_text(path: Path) -> str | None:
@@ -528,11 +529,11 @@ def _recover(workspace: Path, sync: SyncConfig, prior: dict[str, Any],
         raise GitError(f"the sync of this task was cut short {made['recoveries'] - 1} times: "
                        "not tried again")
     notes: list[str] = []
-    stash_id = prior.get("stash_id")
+    stash_id = prior.get("stash_id") if isinstance(prior.get("stash_id"), str) else None
     message = prior.get("stash_message")
     if not stash_id and message:
         stash_id = _stash_made_since(workspace, prior.get("stash_ref_before"), message, before)
-    stashed = bool(stash_id) and find_stash(workspace, stash_id) is not None
+    stashed = stash_id is not None and find_stash(workspace, stash_id) is not None
     if stashed:
         # Named in a refusal; not applied back by it (what is there is not the runner's).
         made["stash"] = {"id": stash_id, "message": message, "state": "kept"}
@@ -567,7 +568,7 @@ def _recover(workspace: Path, sync: SyncConfig, prior: dict[str, Any],
         return SyncResult(SYNCED, "synced before a runner restart (the sync had finished "
                           "when the runner stopped)", before=before, after=now,
                           recovered="nothing to undo: the sync had finished")
-    if stashed:
+    if stashed and stash_id is not None:
         stash = made["stash"]
         notes.append(_restore(workspace, before, stash_id))
         if _give_back(workspace, before, stash, restore=False):
@@ -627,9 +628,8 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
     stash = None
     message = None
     if dirty:
-        ours = bool(leftover) and leftover.get("head") == before and \
-            leftover.get("dirty") == dirty
-        if not ours:
+        if leftover is None or not (leftover.get("head") == before
+                                    and leftover.get("dirty") == dirty):  # not the runner's
             listed = [f"{v[:2]} {p}" for p, v in sorted(dirty.items())]
             return SyncResult(
                 REFUSED, f"the workspace (HEAD at {before[:12]} on {sync.branch}) has "

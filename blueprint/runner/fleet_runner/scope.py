@@ -41,7 +41,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-
 GIT_COMPONENT = ".git"
 
 

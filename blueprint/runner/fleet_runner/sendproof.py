@@ -54,7 +54,8 @@ _SH = """#!/bin/sh
 exec /usr/bin/env -u LD_PRELOAD -u LD_LIBRARY_PATH -u LD_AUDIT {q_python} -I {q_script} "$@"
 """
 
-_PY = '''"""fleet-runner send shim for {name} (written by the runner; see fleet_runner/sendproof.py)."""
+_PY = '''"""fleet-runner send shim for {name} (written by the runner: fleet_runner/sendproof.py).
+"""
 import json, os, socket, subprocess, sys
 REAL, SPOOL, SOCKET, CLI = {real!r}, {spool!r}, {socket!r}, {name!r}
 PINNED = {pinned!r}

@@ -3,8 +3,8 @@
 The runner is standard library only (hosts get no pip installs), and an exact BPE count needs the
 encoding's ranks file and its pre-tokenizer, which the host does not have. But the prefix's text
 components depend only on the release, so fleetctl counts them at render time with this runner's
-own :mod:`fleet_runner.prefix` (docs/invariants.md, invariant 9) and the offline ``o200k_base`` encoder,
-and ships the counts as ``agents/<agent>/prefix-tokens.json`` with each component's sha256
+own :mod:`fleet_runner.prefix` (docs/invariants.md, invariant 9) and the offline ``o200k_base``
+encoder, and ships the counts as ``agents/<agent>/prefix-tokens.json`` with each component's sha256
 (``fleetctl/tokens/prefix_counts.py``). :func:`prefix_tokens` uses them when every component the
 runner built has that digest: the ledger then says ``"token_counter": "o200k_base"``,
 ``"tokens_exact": true``. Otherwise, and always for the task prompt (it is made per task), the
@@ -34,7 +34,8 @@ EXACT_COUNTER = "o200k_base"
 """The counter named when fleetctl's render-time counts are used."""
 
 
-def prefix_tokens(components: dict[str, str], counts_file: Path) -> tuple[dict[str, int], str, bool]:
+def prefix_tokens(components: dict[str, str],
+                  counts_file: Path) -> tuple[dict[str, int], str, bool]:
     """Tokens per prefix component: ``(tokens, counter name, exact)``.
 
     Exact (fleetctl's counts from ``counts_file``) only when that file names every component

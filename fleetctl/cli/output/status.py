@@ -52,6 +52,10 @@ def to_text(report: FleetStatus) -> str:
             for e in a.escalation_list[:3]:
                 lines.append(f"    escalation {e.get('kind')}: task {printable(str(e.get('task')))}"
                              f": {printable(str(e.get('reason') or ''))[:160]}")
+            for d in a.standing_denials:
+                lines.append(f"    standing denial {printable(str(d.get('permission')))} since "
+                             f"{d.get('since') or '?'} (task {printable(str(d.get('task')))}): "
+                             f"no new task starts; clear it with: {printable(str(d.get('clear')))}")
             for error in a.errors:
                 lines.append(f"    unreadable: {printable(error)}")
     return "\n".join(lines) + ("\n" if lines else "")
