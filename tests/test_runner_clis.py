@@ -10,11 +10,11 @@ import pwd
 import secrets
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import WAIT_S
 from tests.test_runner import make_fleet  # noqa: F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def _forge(tmp_path: Path, *args: str, mode: str = "ok", env: dict | None = None
             "FLEET_DENIALS_LOG": str(tmp_path / "denials.jsonl"), "FLEET_TASK_ID": "t1",
             "FLEET_RUN_ID": "t1/1", **(env or {})}
     return subprocess.run([str(SKILLS / "forge" / "bin" / "forge"), *args], env=full,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=WAIT_S)
 
 
 # -- forge ------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_forge_an_unreadable_credentials_file_is_a_denial(tmp_path):
         env={"PATH": f"{FAKE_BIN}{os.pathsep}/usr/bin:/bin",
              "FLEET_CREDENTIALS": str(tmp_path / "credentials"),
              "FLEET_DENIALS_LOG": str(tmp_path / "denials.jsonl"), "FLEET_RUN_ID": "t1/1"},
-        capture_output=True, text=True, timeout=30)
+        capture_output=True, text=True, timeout=WAIT_S)
     assert done.returncode == 77, done.stderr
     [denial] = _lines(tmp_path / "denials.jsonl")
     assert "forge-token.env" in denial["what"] and not (tmp_path / "gh.log").exists()
@@ -236,14 +236,13 @@ def test_the_runner_exports_credentials_and_a_forge_refusal_stops_the_task(make_
                             "FAKE_GH_MODE": "forbidden", "FAKE_GH_LOG": str(tmp_path / "gh.log"),
                             "FLEET_CREDENTIALS": "/not/this/one"})
     fleet.drop("f1", kind="agent", channel=None, text="open the pull request")
-    started = time.monotonic()
     done = fleet.run()
     assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 10  # the agent meant to carry on for 20 s
     [start] = fleet.events("start")  # no retry
     assert start["env"]["FLEET_CREDENTIALS"] == str(creds)  # from agent.yaml, not the runner's
     [call] = _lines(tmp_path / "gh.log")
     assert call["gh_token"] == TOKEN  # forge found the token through FLEET_CREDENTIALS
+    # The agent meant to carry on for 20 s (less than its 30 s limit): the runner ended it first.
     assert fleet.events("finished") == [] and not (fleet.workspace / "after.txt").exists()
     record = fleet.record("f1", 1)
     assert record["verdict"] == "denied" and record["invocation"]["stopped"] == "denied"

@@ -11,20 +11,12 @@ import pwd
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
+from tests.helpers import WAIT_S, wait_until
 from tests.test_runner import AGENT, make_fleet  # noqa: F401  (a fixture)
 from tests.test_runner_clis import _as_user, _owned_dir, needs_root, open_base  # noqa: F401
-
-
-def _until(predicate, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def _result(fleet, task: str) -> dict:
@@ -88,7 +80,7 @@ def test_a_config_no_task_could_run_with_stops_the_runner_before_any_message(
     fleet.drop("c1", kind="agent", channel=None)
     runner = fleet.start()  # a serving runner: it must not wait for a message to say so
     try:
-        assert runner.wait(timeout=15) == 2
+        assert runner.wait(timeout=WAIT_S) == 2
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -132,7 +124,7 @@ def test_an_undelivered_escalation_is_logged_as_not_delivered(make_fleet):
         spool.rmdir()
         spool.write_text("not a directory\n")
         (fleet.log.parent / (fleet.log.name + ".go")).touch()
-        _, stderr = runner.communicate(timeout=30)
+        _, stderr = runner.communicate(timeout=WAIT_S)
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -152,13 +144,13 @@ def test_interrupted_attempts_are_not_failed_verifications_and_say_how_they_ende
     fleet = make_fleet("waits", max_retries=1)  # two attempts
     fleet.drop("i1", kind="agent", channel=None)
     runner = fleet.start()
-    _until(lambda: len(fleet.events("start")) == 1)
+    wait_until(lambda: len(fleet.events("start")) == 1)
     runner.send_signal(signal.SIGTERM)  # attempt 1: a stop request, recorded by this runner
-    assert runner.wait(timeout=10) == 0
+    assert runner.wait(timeout=WAIT_S) == 0
     runner = fleet.start()
-    _until(lambda: len(fleet.events("start")) == 2)
+    wait_until(lambda: len(fleet.events("start")) == 2)
     runner.kill()  # attempt 2: the runner dies; the next start finds it
-    runner.wait(timeout=10)
+    runner.wait(timeout=WAIT_S)
     done = fleet.run()
     assert done.returncode == 0, done.stderr
     assert len(fleet.events("start")) == 2  # the budget was spent: no third attempt

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_runner import AGENT, FAKES, REPO, _alive, make_fleet  # noqa: F401  (a fixture)
+from tests.helpers import WAIT_S
+from tests.test_runner import (  # noqa: F401  (make_fleet: a fixture)
+    AGENT, AGENT_SETUP_S, FAKES, REPO, _alive, make_fleet)
 
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
 
@@ -273,13 +275,13 @@ def test_a_denial_in_the_agent_clis_result_stops_at_once_and_stands(scripted):
     assert "--clear-denial tool:Bash" in notice["reason"]
     assert fleet.where("d2") == ["inbox"]  # waits for a person
     listed = subprocess.run(fleet.argv("--list-denials"), env=fleet.env(), capture_output=True,
-                            text=True, timeout=30)
+                            text=True, timeout=WAIT_S)
     assert [d["permission"] for d in json.loads(listed.stdout)] == ["tool:Bash"]
     again = fleet.run()  # still held
     assert again.returncode == 0 and fleet.where("d2") == ["inbox"]
     assert "standing denial(s) tool:Bash" in again.stderr
     cleared = subprocess.run(fleet.argv("--clear-denial", "tool:Bash"), env=fleet.env(),
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=WAIT_S)
     assert cleared.returncode == 0, cleared.stderr
     # The same script denies again: d2 runs now, and is stopped by its own denial.
     assert fleet.run().returncode == 0
@@ -426,9 +428,10 @@ def test_a_grandchild_that_calls_setsid_is_killed_and_recorded(scripted):
 
 
 def test_an_escaped_grandchild_of_a_timed_out_run_is_killed(scripted):
-    fleet = scripted([[{"escape": 300}, {"sleep": 60}]], timeout_s=1)
+    # The grandchild must have left the group before the timeout (AGENT_SETUP_S) ends the run.
+    fleet = scripted([[{"escape": 300}, {"sleep": 600}]], timeout_s=AGENT_SETUP_S)
     fleet.drop("p2", kind="agent", channel=None)
-    assert fleet.run().returncode == 0
+    assert fleet.run(timeout=AGENT_SETUP_S + WAIT_S).returncode == 0
     escaped = fleet.wait_for("escaped", timeout=0)
     assert not _alive(escaped["grandchild"])
     invocation = fleet.record("p2", 1)["invocation"]
@@ -526,7 +529,7 @@ def test_what_escaped_a_runner_that_died_is_ended_by_its_next_start(scripted):
     runner = fleet.start()
     escaped = fleet.wait_for("escaped")
     runner.send_signal(_signal.SIGKILL)  # no cleanup at all
-    runner.wait(timeout=10)
+    runner.wait(timeout=WAIT_S)
     assert _alive(escaped["grandchild"])  # out of the group, its runner gone
     again = fleet.run()
     assert again.returncode == 0, again.stderr

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from fleet_runner import reposync  # noqa: E402
 from fleet_runner.config import SyncConfig  # noqa: E402
 from fleet_runner.loop import SYNC_FETCH_ATTEMPTS  # noqa: E402
 
+from tests.helpers import wait_until  # noqa: E402
 from tests.test_runner import FAKES, make_fleet  # noqa: E402, F401  (a fixture)
 
 SYNC = {"sync": {"remote": "origin", "branch": "main"}}
@@ -288,10 +288,8 @@ def test_a_crash_in_the_runner_s_own_sync_is_undone_and_the_sync_redone(
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True)
     try:
-        deadline = time.monotonic() + 15
-        while not held.exists() and time.monotonic() < deadline and runner.poll() is None:
-            time.sleep(0.05)
-        assert held.exists(), runner.communicate(timeout=5)
+        wait_until(lambda: held.exists() or runner.poll() is not None)
+        assert held.exists(), runner.communicate(timeout=60)
         assert len(_stashes(ws)) == 1 and not (ws / "wip.txt").exists()  # stashed
         assert (ws / ".git" / "rebase-merge").is_dir() is (hold == "rebase")
     finally:
@@ -319,13 +317,6 @@ def _deferrals(fleet, task: str) -> list[dict]:
     return json.loads(path.read_text())["sync_deferred"] if path.exists() else []
 
 
-def _until(predicate, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_a_failed_fetch_puts_the_task_back_and_is_tried_a_bounded_number_of_times(
         make_fleet, repos):
     fleet = make_fleet("gitwork", role=SYNC)
@@ -343,25 +334,34 @@ def test_a_failed_fetch_puts_the_task_back_and_is_tried_a_bounded_number_of_time
     assert "git fetch origin main failed" in deferred["summary"]
     assert "does not appear to be a git repository" in deferred["detail"]
     assert "back in the inbox, tried again in 60 s (failed fetch 1 of at most 5)" in done.stderr
-    # A serving runner waits, then tries again (not a --once run: its wait is in memory).
-    runner = fleet.start("--sync-retry-s", "0.02")
+    # A serving runner waits, then tries again (not a --once run: its wait is in memory). Its
+    # waits (0.5 s x 2 ** (n - 1) after failed fetch n) leave 2 s after the third failure and 4 s
+    # after the fourth to make the remote reachable before the five tries are spent: time
+    # enough even when a busy machine keeps this test from noticing the third at once.
+    runner = fleet.start("--sync-retry-s", "0.5")
     try:
-        _until(lambda: len(_deferrals(fleet, "f1")) >= 3)
+        wait_until(lambda: len(_deferrals(fleet, "f1")) >= 3)
         second, third = (datetime.strptime(t["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
                          for t in _deferrals(fleet, "f1")[1:3])
-        assert (third - second).total_seconds() >= 0.04  # it waited before trying again
+        assert (third - second).total_seconds() >= 1.0  # it waited before trying again
         away.rename(repos.remote)  # reachable again: the next try runs it
         news = repos.push("docs/news.md", "news\n")
-        _until(lambda: fleet.where("f1") == ["done"])
+        wait_until(lambda: fleet.where("f1") == ["done"])
         assert _progress(fleet, "f1")["sync"]["status"] == "synced"
         assert fleet.events("head")[0]["head"] == news
-        # Unreachable for good: refused and escalated at the last try, not before.
-        repos.remote.rename(away)
-        fleet.drop("f2", kind="agent", channel=None, text=do("write y.txt y"))
-        _until(lambda: fleet.where("f2") == ["failed"])
     finally:
         runner.send_signal(signal.SIGTERM)
-        _, err = runner.communicate(timeout=10)
+        runner.communicate(timeout=60)
+    # Unreachable for good: refused and escalated at the last try, not before (short waits:
+    # nothing races them here).
+    repos.remote.rename(away)
+    fleet.drop("f2", kind="agent", channel=None, text=do("write y.txt y"))
+    runner = fleet.start("--sync-retry-s", "0.02")
+    try:
+        wait_until(lambda: fleet.where("f2") == ["failed"])
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        _, err = runner.communicate(timeout=60)
     assert "tried again in 0.04 s (failed fetch 2 of at most 5)" in err
     assert "tried again in 0.16 s (failed fetch 4 of at most 5)" in err
     assert len(_deferrals(fleet, "f2")) == SYNC_FETCH_ATTEMPTS

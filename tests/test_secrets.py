@@ -329,19 +329,39 @@ def test_command_stderr_is_quoted_as_a_tail(tmp_path):
     assert "line 499" in message and "line 480" not in message and len(message) < 1000
 
 
+def _gone(pid: int) -> bool:
+    """True when process ``pid`` no longer runs (exited, or a zombie awaiting its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
 def test_command_killed_after_timeout_with_its_children(tmp_path):
-    marker = tmp_path / "survived"
-    child = f"import time; time.sleep(3); open({str(marker)!r}, 'w')"
-    script = ("import subprocess, sys, time\n"
+    # The grandchild says it runs (its pid in a file) before the command starts its endless wait,
+    # so the test knows which process must die with the group: no guess at how long it takes.
+    pid_file = tmp_path / "grandchild.pid"
+    child = (f"import os, time; open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
+             f"os.rename({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); time.sleep(600)")
+    script = ("import os, subprocess, sys, time\n"
               f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
-              "time.sleep(60)\n")
+              f"while not os.path.exists({str(pid_file)!r}):\n"
+              "    time.sleep(0.01)\n"
+              "time.sleep(600)\n")
     started = time.monotonic()
     with pytest.raises(InputError) as info:
-        resolve_secret(CommandSource(command=(PY, "-c", script), timeout_s=0.5), tmp_path, {})
-    assert time.monotonic() - started < 10
-    assert "did not finish within 0.5 s" in info.value.message
-    time.sleep(3.5)
-    assert not marker.exists()  # the grandchild went with its group
+        resolve_secret(CommandSource(command=(PY, "-c", script), timeout_s=5), tmp_path, {})
+    assert time.monotonic() - started < 120  # not held up by the 600 s the command meant to wait
+    assert "did not finish within 5 s" in info.value.message
+    # 5 s is ample for two interpreters to start even on a busy machine; without the pid file
+    # the command was killed before its grandchild ran, and nothing here would be tested.
+    assert pid_file.exists(), "the grandchild had not started within the 5 s timeout"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while not _gone(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _gone(grandchild)  # it went with its group (it meant to sleep 600 s)
 
 
 def test_command_not_found_empty_output_and_signal(tmp_path):
