@@ -96,26 +96,30 @@ def test_no_question_without_a_terminal(tmp_path):
 def test_a_hung_host_times_out_and_the_others_finish(tmp_path):
     bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
     hang = tmp_path / "hang-python"
-    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.write_text("#!/bin/sh\nexec sleep 600\n")
     hang.chmod(0o755)
     inv = write_inventory(tmp_path / "inv.yaml", {
         "good": local_host(tmp_path / "good"),
         "stuck": local_host(tmp_path / "stuck", python=str(hang)),
     })
+    # --timeout applies to both hosts: long enough for the good host's host-side program to start
+    # on a busy machine (an interpreter start took over 1 s there), far below the hang's 600 s.
+    timeout = "10"
     started = time.monotonic()
-    held = cli("ship", "--yes", "--format", "json", "--timeout", "2", inventory=inv, blueprint=bp)
+    held = cli("ship", "--yes", "--format", "json", "--timeout", timeout, inventory=inv,
+               blueprint=bp)
     assert held.code == 2
     assert held.host("good")["status"] == "refused" and "stuck" in held.host("good")["error"]
     assert held.host("stuck")["status"] == "error" and "timed out" in held.host("stuck")["error"]
     assert not (tmp_path / "good").exists()  # all or nothing: the good host was not written
-    run = cli("ship", "--yes", "--format", "json", "--timeout", "2", "--skip-unreachable",
+    run = cli("ship", "--yes", "--format", "json", "--timeout", timeout, "--skip-unreachable",
               inventory=inv, blueprint=bp)
     elapsed = time.monotonic() - started
     assert run.code == 2
     assert run.host("good")["status"] == "shipped"
     stuck = run.host("stuck")
     assert stuck["status"] == "error" and "timed out" in stuck["error"]
-    assert elapsed < 60
+    assert elapsed < 300  # two runs cut at the timeout, not waiting out the hang (2 x 600 s)
     assert not (tmp_path / "stuck").exists() or snapshot(tmp_path / "stuck") == {}
 
 

@@ -8,12 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, local_host, make_project, write_inventory
+from tests.helpers import (
+    WAIT_S,
+    cli,
+    local_host,
+    make_project,
+    wait_until,
+    write_inventory,
+)
 from tests.test_ship_local import Fleet, fleet  # noqa: F401 - the fixture
 
 
@@ -151,11 +157,9 @@ def test_ctrl_c_stops_every_host_reports_them_and_loses_nothing(tmp_path):
     argv = [exe, "ship", "--yes", "--parallel", "1", "--format", "json", "--inventory", str(inv),
             "--blueprint", str(bp)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "box0").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)  # the first host is being shipped
+    wait_until((tmp_path / "box0").exists, what="the first host being shipped")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=WAIT_S)
     doc = json.loads(out)
     statuses = {h["host"]: h["status"] for h in doc["hosts"]}
     assert proc.returncode == 2, err

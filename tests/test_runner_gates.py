@@ -19,7 +19,13 @@ import pytest
 
 from tests.helpers import WAIT_S
 from tests.test_runner import (  # noqa: F401  (make_fleet: a fixture)
-    AGENT, AGENT_SETUP_S, FAKES, REPO, _alive, make_fleet)
+    AGENT,
+    AGENT_SETUP_S,
+    FAKES,
+    REPO,
+    _alive,
+    make_fleet,
+)
 
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
 

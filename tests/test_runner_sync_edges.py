@@ -78,7 +78,7 @@ def test_a_held_index_lock_names_its_holder_and_is_left(make_fleet, repos):
     lock = ws / ".git" / "index.lock"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
                                "f = open(sys.argv[1], 'w'); print('held', flush=True)\n"
-                               "time.sleep(60)\n", str(lock)],
+                               "time.sleep(600)\n", str(lock)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"

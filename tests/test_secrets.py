@@ -22,8 +22,15 @@ import pytest
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from fleetctl.errors import InputError
-from fleetctl.secrets import (REDACTED, CommandSource, EnvSource, FileSource, Secret,
-                              SecretSource, resolve_secret)
+from fleetctl.secrets import (
+    REDACTED,
+    CommandSource,
+    EnvSource,
+    FileSource,
+    Secret,
+    SecretSource,
+    resolve_secret,
+)
 from fleetctl.yamlfile import load_model
 
 PY = sys.executable

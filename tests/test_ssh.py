@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.helpers import (
+    WAIT_S,
     Symlink,
     changes_of,
     cli,
@@ -32,6 +33,7 @@ from tests.helpers import (
     make_project,
     snapshot,
     ssh_host,
+    wait_until,
     without_inodes,
     write_inventory,
 )
@@ -531,9 +533,7 @@ def test_subsecond_timeout_bounds_a_silent_host(tmp_path, silent_host, sshd_pool
     run = drift(inv, bp, "--timeout", "0.5")
     assert run.code == 2, run.stdout + run.stderr
     assert run.host("mute")["status"] == "error"
-    deadline = time.monotonic() + 30  # the holding thread sees the hang-up a moment later
-    while not held_s and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: held_s, what="the client hanging up")  # seen a moment after the run
     # Without the 0.5 s timeout the client would wait the default 120 s (the host never hangs up).
     assert held_s and max(held_s) < 5, f"connections held {held_s} s with --timeout 0.5"
 
@@ -719,9 +719,7 @@ def test_ssh_agent_key_is_used_when_the_inventory_names_none(tmp_path, sshd_pool
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 5
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(sock.exists, what="the ssh-agent socket")
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run(["ssh-add", "-q", str(ssh_client_key.private_key)], env=env, check=True,
                        capture_output=True)
@@ -739,7 +737,7 @@ def test_ssh_agent_key_is_used_when_the_inventory_names_none(tmp_path, sshd_pool
         assert live_tree(root) == expected_tree(RUNNER)
     finally:
         agent.terminate()
-        agent.wait(timeout=5)
+        agent.wait(timeout=WAIT_S)
 
 
 def test_a_missing_agent_user_without_root_stops_at_users_naming_the_refusal(user_box):
