@@ -13,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fleetctl.tokens.endpoint import ProbeEndpoint
+from tests.helpers import WAIT_S
 from tests.mcp_servers.project import REPO, make_tokens_project
 from tests.test_tokens_cli import Run, _app
 
@@ -55,7 +56,7 @@ def test_the_endpoint_speaks_the_messages_api_to_the_real_sdk():
 
     with ProbeEndpoint() as ep:
         client = anthropic.Anthropic(base_url=ep.base_url, api_key="sk-test-secret-value",
-                                     max_retries=0, timeout=10)
+                                     max_retries=0, timeout=WAIT_S)
         plain = client.messages.create(model="m", max_tokens=5,
                                        messages=[{"role": "user", "content": "hi"}])
         with client.messages.stream(model="m", max_tokens=5,
