@@ -45,14 +45,15 @@ class Repos:
     remote: Path
     person: Path
 
-    def push(self, rel: str, text: str) -> str:
-        """The person commits ``rel`` and pushes; returns the new commit."""
+    def push(self, rel: str, text: str, to: Path | None = None) -> str:
+        """The person commits ``rel`` and pushes (to the remote, or to the bare repository at
+        ``to``: the remote moved away); returns the new commit."""
         path = self.person / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         git(self.person, "add", "--", rel)
         git(self.person, "commit", "-q", "-m", f"person: {rel}")
-        git(self.person, "push", "-q", "origin", "main")
+        git(self.person, "push", "-q", str(to) if to else "origin", "main")
         return git(self.person, "rev-parse", "HEAD")
 
     def clone(self, into: Path) -> Path:
@@ -338,6 +339,9 @@ def test_a_failed_fetch_puts_the_task_back_and_is_tried_a_bounded_number_of_time
     # waits (0.5 s x 2 ** (n - 1) after failed fetch n) leave 2 s after the third failure and 4 s
     # after the fourth to make the remote reachable before the five tries are spent: time
     # enough even when a busy machine keeps this test from noticing the third at once.
+    # The news is on the remote before it is reachable again: a try between the two steps
+    # would run the task on the old head (seen on a busy machine).
+    news = repos.push("docs/news.md", "news\n", to=away)
     runner = fleet.start("--sync-retry-s", "0.5")
     try:
         wait_until(lambda: len(_deferrals(fleet, "f1")) >= 3)
@@ -345,7 +349,6 @@ def test_a_failed_fetch_puts_the_task_back_and_is_tried_a_bounded_number_of_time
                          for t in _deferrals(fleet, "f1")[1:3])
         assert (third - second).total_seconds() >= 1.0  # it waited before trying again
         away.rename(repos.remote)  # reachable again: the next try runs it
-        news = repos.push("docs/news.md", "news\n")
         wait_until(lambda: fleet.where("f1") == ["done"])
         assert _progress(fleet, "f1")["sync"]["status"] == "synced"
         assert fleet.events("head")[0]["head"] == news
