@@ -2,7 +2,7 @@
 # Install fleetctl into .venv (Python >= 3.11). With --test, also pytest and Debian's
 # openssh-server (the test suite starts real sshd boxes on 127.0.0.1), git, sudo (the
 # `become: sudo` tests log in as a non-root user whose sudoers entry they write), chromium (the
-# HTML report is checked in headless Chromium: tests/test_report_html.py), and the real
+# HTML report is checked in headless Chromium: tests/commands/test_report_html.py), and the real
 # Claude Code from the npm registry into .tools/ (gitignored): the harness-probe tests run it
 # against a local endpoint (docs/tokens.md, *Harness profiles*). Needs node >= 18 and npm.
 set -euo pipefail
@@ -62,14 +62,14 @@ if [ "${1:-}" = "--test" ]; then
       node .tools/node_modules/@anthropic-ai/claude-code/install.cjs >/dev/null
     "$claude" --version >/dev/null
   fi
-  # The runner's gate tests run real checkers (tests/test_runner_gates.py): ruff and mypy in the
+  # The runner's gate tests run real checkers (tests/runner/test_runner_gates.py): ruff and mypy in the
   # venv, tsc in a project-local node directory (node and npm come with the machine). Pinned:
   # the tests compare their messages. tests/test_codebase.py runs ruff, mypy (with the stubs
   # below) and import-linter's lint-imports over fleetctl itself (pyproject.toml).
   .venv/bin/python -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1 \
     import-linter==2.16 types-PyYAML==6.0.12.20261122 types-paramiko==5.1.0.20261030 \
     types-jsonschema==4.26.0.20261006
-  # tests/test_host_inprocess.py: the host program (fleetctl/host, fleetctl/protocol.py) must run
+  # tests/host/test_host_inprocess.py: the host program (fleetctl/host, fleetctl/protocol.py) must run
   # on the oldest python3 a host may have (3.8); vermin reads the minimum version off the code.
   .venv/bin/python -m pip install -q --disable-pip-version-check vermin==1.9.2
   if [ ! -x .tools/node/node_modules/.bin/tsc ] \

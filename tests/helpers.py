@@ -8,9 +8,10 @@ import json
 import os
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from typer.testing import CliRunner
@@ -25,6 +26,29 @@ class Symlink:
     """A symlink in a tree spec."""
 
     target: str
+
+
+WAIT_S = 60.0
+"""Seconds a test waits for a condition before failing: far more than any passing test needs even
+on a machine whose cores are all busy, so a slow machine is never read as a bug."""
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = WAIT_S, poll_s: float = 0.02,
+               what: str | None = None) -> Any:
+    """Poll ``predicate()`` every ``poll_s`` seconds until it returns a true value; return it.
+
+    Raises:
+        AssertionError: still false after ``timeout_s`` seconds (message: ``what`` or the
+            predicate's repr).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not true within {timeout_s:g} s: {what or predicate!r}")
+        time.sleep(poll_s)
 
 
 def git(repo: Path, *args: str) -> str:

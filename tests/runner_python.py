@@ -1,4 +1,4 @@
-"""A plain ``python3`` first on PATH for the runner's tests (``tests/test_runner*.py``).
+"""A plain ``python3`` first on PATH for the runner's tests (``tests/runner/test_runner*.py``).
 
 The runner, the fake agents and the skills' CLIs start with ``#!/usr/bin/env python3``, so each
 of their processes runs whatever ``python3`` PATH finds first. On a development machine that is
@@ -136,7 +136,7 @@ def precompile_runner(runner_dir: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def _plain_python3_for_runner_tests(request, monkeypatch):
-    """In ``tests/test_runner*.py`` only: put :func:`plain_python3_bin` first on PATH and read
+    """In ``tests/runner/test_runner*.py`` only: put :func:`plain_python3_bin` first on PATH and read
     bytecode from :func:`runner_bytecode`'s cache."""
     if not request.module.__name__.rpartition(".")[2].startswith("test_runner"):
         return

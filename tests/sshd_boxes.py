@@ -50,7 +50,7 @@ SSHD = pathlib.Path("/usr/sbin/sshd")
 PRIVSEP_DIR = pathlib.Path("/run/sshd")
 HOST = "127.0.0.1"
 
-START_TIMEOUT = 10.0  # seconds to wait for a box's SSH banner
+START_TIMEOUT = 30.0  # seconds to wait for a box's SSH banner (generous: a busy machine)
 STOP_TIMEOUT = 5.0  # seconds to wait for killed processes to disappear
 _PORT_ATTEMPTS = 10  # tries with a new port when the chosen one was taken
 _POLL_INTERVAL = 0.005  # seconds between readiness checks

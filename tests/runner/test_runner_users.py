@@ -1,0 +1,114 @@
+"""The two users (issue 14): the agent command runs as the agent's own Linux user
+(``--agent-user``), cannot write the runner's state, records or evidence, and a send counts
+only when the runner recorded it through its socket. Real users (useradd), the real runner as
+root (the runner's user here), scripted fake agents."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+
+from tests.runner.test_runner import make_fleet  # noqa: F401  (a fixture)
+from tests.runner.test_runner_clis import _owned_dir, needs_root, open_base  # noqa: F401
+
+
+def _two_users(fleet, user: pwd.struct_passwd) -> None:
+    """The workspace is the agent user's; the fake agents' own log too."""
+    _owned_dir(fleet.workspace, user)
+    fleet.log.touch()
+    os.chown(fleet.log, user.pw_uid, user.pw_gid)
+
+
+def _sends(fleet) -> list[dict]:
+    path = fleet.state / "sends.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+@needs_root
+def test_a_reply_counts_when_the_runner_recorded_it(real_users, open_base, make_fleet):
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, user)
+    fleet.drop("h1", text="What is 6 x 7?")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 0, done.stderr
+    [start] = fleet.events("start")
+    assert start["uid"] == user.pw_uid  # the agent command ran as the agent's user
+    assert fleet.where("h1") == ["done"]
+    [sent] = fleet.outbox()
+    [send] = _sends(fleet)  # the runner's own record, through its socket
+    assert send["via"] == "runner" and send["task"] == "h1" and send["run"] == "h1/1"
+    assert send["message_id"] == sent["id"] and send["outbox_file"] == f"{sent['id']}.json"
+    # The reply CLI's own line went to the agent's directory: a claim, not evidence.
+    claimed = (fleet.state / "agent" / "sends-claimed.jsonl").read_text()
+    assert sent["id"] in claimed
+    # The runner's state is not the agent's to write.
+    for path in (fleet.state / "sends.jsonl", fleet.state / "ledger.jsonl",
+                 fleet.state / "runs" / "h1" / "attempt-1.json"):
+        st = path.stat()
+        assert st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    assert stat.S_IMODE((fleet.state / "runs").stat().st_mode) == 0o700
+    assert fleet.ledger()[0]["calls"] == {"reply": 1}  # the send shim counts the call
+
+
+@needs_root
+def test_a_forged_send_fails_anti_silence(real_users, open_base, make_fleet):
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("forges_send", base=open_base)
+    _two_users(fleet, user)
+    fleet.drop("h2", text="What is 6 x 7?")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 0, done.stderr
+    [forged] = fleet.events("forged")
+    assert forged["runner_log"].startswith("PermissionError")  # cannot write its evidence
+    assert forged["socket"].startswith("refused: not the runner's send shim")
+    assert _sends(fleet) == []
+    gate = fleet.gate("h2", 1, "anti-silence")
+    assert gate["status"] == "fail"
+    assert fleet.where("h2") == ["failed"]
+    assert "refused a report" in done.stderr
+
+
+@needs_root
+def test_state_left_by_a_one_user_runner_is_taken_back(real_users, open_base, make_fleet):
+    """A host upgraded from the unit that ran the runner as the agent's user: the state is the
+    agent's. With --agent-user the runner gives the records, ledger, spools and evidence to
+    itself, and the agent's own directories (with what is in them) to the agent user."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, user)
+    old = {  # what a one-user runner left, relative to STATE
+        "ledger.jsonl": '{"task": "t0"}\n', "sends.jsonl": "", "runs/t0/attempt-1.json": "{}",
+        "done/1-t0.json": "{}", "agent/sends-claimed.jsonl": "", "outbox/m0.json": "{}"}
+    for rel, text in old.items():
+        path = fleet.state / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for path in [fleet.state, *fleet.state.rglob("*")]:
+        os.lchown(path, user.pw_uid, user.pw_gid)
+    os.chmod(fleet.state / "ledger.jsonl", 0o666)  # writable by anyone, too
+    # A symlink the agent planted is re-owned as a link; its target is not touched.
+    outside = open_base / "outside"
+    outside.write_text("not the runner's\n")
+    os.chown(outside, user.pw_uid, user.pw_gid)
+    os.symlink(outside, fleet.state / "runs" / "planted")
+    fleet.drop("h3", text="What is 6 x 7?")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("h3") == ["done"]
+    me, agent = (os.geteuid(), os.getegid()), (user.pw_uid, user.pw_gid)
+    for rel in ("ledger.jsonl", "sends.jsonl", "runs", "runs/t0/attempt-1.json", "done",
+                "done/1-t0.json", "runs/planted"):
+        st = (fleet.state / rel).lstat()
+        assert (st.st_uid, st.st_gid) == me, rel
+    assert not (fleet.state / "ledger.jsonl").stat().st_mode & 0o022
+    for rel in ("agent", "agent/sends-claimed.jsonl", "outbox", "outbox/m0.json"):
+        st = (fleet.state / rel).lstat()
+        assert (st.st_uid, st.st_gid) == agent, rel
+    st = outside.stat()
+    assert (st.st_uid, st.st_gid) == agent and outside.read_text() == "not the runner's\n"
+    assert "state re-owned for two users" in done.stderr
+    # The ledger is the runner's again: the new task's line was added to the old one.
+    assert [line["task"] for line in fleet.ledger()] == ["t0", "h3"]
