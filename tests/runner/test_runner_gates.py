@@ -546,6 +546,34 @@ def test_what_escaped_a_runner_that_died_is_ended_by_its_next_start(scripted):
     assert fleet.where("p4") == ["done"]
 
 
+@pytest.mark.skipif(not _host_offers_a_cgroup(), reason="the host offers no cgroup2 to create")
+def test_a_runner_sweeps_only_its_own_roots_run_cgroups(tmp_path):
+    """Two roots on one machine with an agent of the same name (two fleets, or two test runs at
+    once): a runner sweeps the dead runs of its own state directory, never the other's. (Before,
+    cgroups were named by the agent alone, and one root's runner swept the other's, so the
+    other's next start found nothing left to end.)"""
+    import subprocess as _subprocess
+
+    from fleet_runner import cgroup
+
+    dead = _subprocess.Popen(["true"])
+    dead.wait()  # a pid whose runner is gone
+    mine = cgroup.owner_key("a1", tmp_path / "one" / "state" / "a1")
+    other = cgroup.owner_key("a1", tmp_path / "two" / "state" / "a1")
+    assert mine != other and mine.startswith("a1-") and len(mine) == len("a1-") + 8
+    where = cgroup.base()
+    assert where is not None
+    left = where / f"{cgroup.PREFIX}{mine}-{dead.pid}-1"
+    os.mkdir(left)
+    try:
+        assert cgroup.sweep(other) == [] and left.is_dir()
+        swept = cgroup.sweep(mine)
+        assert [s["cgroup"] for s in swept] == [left.name] and not left.exists()
+    finally:
+        if left.exists():
+            os.rmdir(left)
+
+
 def test_a_refused_tool_call_is_named_by_the_tool_use_it_answers(tmp_path):
     from fleet_runner.agentresult import read_agent_report
 

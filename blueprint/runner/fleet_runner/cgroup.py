@@ -3,8 +3,9 @@
 A process can leave its process group (``setsid``) and its parent (a double fork), but not
 its cgroup: only a process allowed to write a ``cgroup.procs`` file may move it. So when the
 host lets the runner create a cgroup (version 2) below its own, every run of a command gets
-one (``fleet-run-AGENT-PID-N``), the command is moved into it as soon as it has started, and
-everything it starts is born there. When the command is over, every process still in it is
+one (``fleet-run-AGENT-STATE-PID-N``, STATE 8 hex digits naming the agent's state directory,
+so two roots with an agent of the same name on one machine never sweep each other's), the
+command is moved into it as soon as it has started, and everything it starts is born there. When the command is over, every process still in it is
 listed (pid and command line, for the run record) and killed at once (``cgroup.kill``, Linux
 5.14; else SIGKILL to each), and the cgroup removed once empty.
 
@@ -22,6 +23,7 @@ for the instant between the command's start and its move.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import signal
@@ -37,9 +39,18 @@ _OWNER = ["-"]  # the agent this process runs for (:func:`set_owner`)
 PREFIX = "fleet-run-"
 
 
-def set_owner(agent: str) -> None:
-    """Name this process's run cgroups for ``agent`` (so its next runner can sweep them)."""
-    _OWNER[0] = agent
+def owner_key(agent: str, state_dir: Path) -> str:
+    """``AGENT-XXXXXXXX``: the agent and the first 8 hex digits of the sha256 of its state
+    directory's absolute path. The agent's next runner (same root) finds its runs' cgroups by it;
+    a runner of an agent of the same name under another root does not."""
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(state_dir))).hexdigest()[:8]
+    return f"{agent}-{digest}"
+
+
+def set_owner(owner: str) -> None:
+    """Name this process's run cgroups for ``owner`` (:func:`owner_key`), so its next runner
+    can sweep them."""
+    _OWNER[0] = owner
 
 
 def _mount_point() -> Path | None:
@@ -157,8 +168,8 @@ def create() -> RunCgroup | None:
 
 
 def sweep(agent: str) -> list[dict]:
-    """Remove the run cgroups of ``agent`` whose runner process is gone, killing what is still
-    in them; return ``{"cgroup", "killed"}`` for each removed (nothing without a cgroup base).
+    """Remove the run cgroups of ``agent`` (an :func:`owner_key`) whose runner process is
+    gone, killing what is still in them; return ``{"cgroup", "killed"}`` for each removed (nothing without a cgroup base).
     A runner whose pid is alive (even reused by another process) is left alone."""
     where = base()
     if where is None:

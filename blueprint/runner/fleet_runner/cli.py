@@ -163,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_LOCKED
     become_subreaper()
-    cgroup.set_owner(args.agent)
-    for swept in cgroup.sweep(args.agent):  # run cgroups an earlier runner left behind
+    owner = cgroup.owner_key(args.agent, paths.state)
+    cgroup.set_owner(owner)
+    for swept in cgroup.sweep(owner):  # run cgroups an earlier runner left behind
         print(f"fleet-runner[{args.agent}]: removed the run cgroup {swept['cgroup']} of a "
               f"runner that is gone ({len(swept['killed'])} process(es) killed in it)",
               file=sys.stderr, flush=True)

@@ -83,7 +83,7 @@ from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 from fleet_runner.undo import store_baseline, undo_changes
 
-PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokens/prefix_counts.py writes it at render
+PREFIX_COUNTS = "prefix-tokens.json"  # fleetctl/tokencount/prefix_counts.py writes it at render
 
 PASSED, FAILED, DENIED, STOPPED, FAULT = "pass", "fail", "denied", "stopped", "fault"
 GAVE_UP, REFUSED = "gave-up", "refused"

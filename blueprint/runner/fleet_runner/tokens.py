@@ -5,7 +5,7 @@ encoding's ranks file and its pre-tokenizer, which the host does not have. But t
 components depend only on the release, so fleetctl counts them at render time with this runner's
 own :mod:`fleet_runner.prefix` (docs/invariants.md, invariant 9) and the offline ``o200k_base``
 encoder, and ships the counts as ``agents/<agent>/prefix-tokens.json`` with each component's sha256
-(``fleetctl/tokens/prefix_counts.py``). :func:`prefix_tokens` uses them when every component the
+(``fleetctl/tokencount/prefix_counts.py``). :func:`prefix_tokens` uses them when every component the
 runner built has that digest: the ledger then says ``"token_counter": "o200k_base"``,
 ``"tokens_exact": true``. Otherwise, and always for the task prompt (it is made per task), the
 number is an *estimate*: UTF-8 bytes divided by 4, rounded up, labelled :data:`TOKEN_COUNTER`
