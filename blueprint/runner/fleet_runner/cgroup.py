@@ -5,9 +5,10 @@ its cgroup: only a process allowed to write a ``cgroup.procs`` file may move it.
 host lets the runner create a cgroup (version 2) below its own, every run of a command gets
 one (``fleet-run-AGENT-STATE-PID-N``, STATE 8 hex digits naming the agent's state directory,
 so two roots with an agent of the same name on one machine never sweep each other's), the
-command is moved into it as soon as it has started, and everything it starts is born there. When the command is over, every process still in it is
-listed (pid and command line, for the run record) and killed at once (``cgroup.kill``, Linux
-5.14; else SIGKILL to each), and the cgroup removed once empty.
+command is moved into it as soon as it has started, and everything it starts is born there.
+When the command is over, every process still in it is listed (pid and command line, for the
+run record) and killed at once (``cgroup.kill``, Linux 5.14; else SIGKILL to each), and the
+cgroup removed once empty.
 
 A runner that died leaves its run's cgroup behind, maybe with processes in it: the agent's
 next runner removes those of its agent whose runner is gone (:func:`sweep`), killing what is
@@ -169,8 +170,9 @@ def create() -> RunCgroup | None:
 
 def sweep(agent: str) -> list[dict]:
     """Remove the run cgroups of ``agent`` (an :func:`owner_key`) whose runner process is
-    gone, killing what is still in them; return ``{"cgroup", "killed"}`` for each removed (nothing without a cgroup base).
-    A runner whose pid is alive (even reused by another process) is left alone."""
+    gone, killing what is still in them; return ``{"cgroup", "killed"}`` for each removed
+    (nothing without a cgroup base). A runner whose pid is alive (even reused by another
+    process) is left alone."""
     where = base()
     if where is None:
         return []
