@@ -37,13 +37,18 @@ def assert_inert(markdown: str) -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    (SCRIPT, "&lt;script&gt;alert(1)&lt;/script&gt;"),
+    (SCRIPT, "&lt;script>alert(1)&lt;/script>"),  # no tag can open without a "<"
     ("a|b", "a\\|b"),
     ("[x](javascript:y)", "\\[x\\](javascript:y)"),
     ("**bold** _it_", "\\*\\*bold\\*\\* \\_it\\_"),
     ("a & b", "a &amp; b"),
     ("two\nlines", "two\\\\nlines"),
     (None, ""),
+    # Text that opens no markup stays as written, so raw Markdown reads like the text format.
+    ("budget 6,000 [ok]; 19,760 -> 1,070", "budget 6,000 [ok]; 19,760 -> 1,070"),
+    ("o200k_base, known_hosts, mcp__tracker__create_issue",
+     "o200k_base, known_hosts, mcp__tracker__create_issue"),
+    ("__init__ and ![i](y) and [a][b]", "\\_\\_init\\_\\_ and !\\[i\\](y) and \\[a\\][b]"),
 ])
 def test_md_text_escapes_html_and_markdown(text, expected):
     assert md_text(text) == expected
@@ -90,7 +95,7 @@ def test_creds_audit_markdown_escapes_a_hosts_error_and_paths():
 
 @pytest.mark.parametrize("text, expected", [
     ("run `mcp-bridge t --help` now", "run `mcp-bridge t --help` now"),
-    (f"error: {SCRIPT} in `x|y`", "error: &lt;script&gt;alert(1)&lt;/script&gt; in `x\\|y`"),
+    (f"error: {SCRIPT} in `x|y`", "error: &lt;script>alert(1)&lt;/script> in `x\\|y`"),
     ("a lone ` backtick\nand a newline", "a lone \\` backtick and a newline"),
 ])
 def test_md_line_keeps_code_spans_and_escapes_the_rest(text, expected):

@@ -10,24 +10,43 @@ a PR comment), a link, emphasis, a code span or a new table cell.
 
 from __future__ import annotations
 
-import html
 import re
 
 from fleetctl.names import printable
 
-_MD_PUNCT = re.compile(r"([\\`*_\[\]{}|#~!<>])")
+# Backslash-escaped wherever they appear: a backslash, a code span, emphasis with ``*``, a table
+# cell, strikethrough.
+_MD_ALWAYS = re.compile(r"([\\`*|~])")
+# A run of ``_`` opens or closes emphasis only at a word's edge (CommonMark): ``known_hosts`` and
+# ``mcp__tracker__create_issue`` stay as they are.
+_MD_UNDERSCORES = re.compile(r"_+")
+# A link or an image needs ``[...](`` (inline) or ``[...][`` (reference); a lone ``[ok]`` links
+# nothing and is left as written.
+_MD_LINK = re.compile(r"\[([^\]]*)\](?=[(\[])")
 
 
 def md_text(text: str | None) -> str:
     """``text`` safe in Markdown and in a GFM table cell (``None`` is the empty string).
 
     Control characters and undecodable bytes are escaped (:func:`fleetctl.names.printable`), so
-    the text stays on one line; ``&``, ``<`` and ``>`` become HTML entities, so no tag can open;
-    then Markdown punctuation is backslash-escaped, so no link, emphasis, code span or new cell
-    can start. A Markdown viewer shows the original characters.
+    the text stays on one line; ``&`` and ``<`` become HTML entities, so no tag and no entity
+    can open; then what could start markup is backslash-escaped: ``\\``, backticks, ``*``,
+    ``|``, ``~``, an ``_`` at a word's edge, and the brackets of a ``[...](`` or ``[...][`` (no link
+    or image). Text that starts no markup is left as written (``->``, ``[ok]``, ``o200k_base``),
+    so the raw Markdown reads like the text format; a Markdown viewer shows the original
+    characters either way.
     """
-    shown = html.escape(printable(text or ""), quote=False)
-    return _MD_PUNCT.sub(r"\\\1", shown)
+    shown = printable(text or "").replace("&", "&amp;").replace("<", "&lt;")
+    shown = _MD_ALWAYS.sub(r"\\\1", shown)
+    shown = _MD_UNDERSCORES.sub(_underscores, shown)
+    return _MD_LINK.sub(r"\\[\1\\]", shown)
+
+
+def _underscores(run: re.Match[str]) -> str:
+    """A run of ``_`` escaped when it touches a word's edge, where it could be emphasis."""
+    text, start, end = run.string, run.start(), run.end()
+    inside = (start > 0 and text[start - 1].isalnum()) and (end < len(text) and text[end].isalnum())
+    return run.group(0) if inside else run.group(0).replace("_", "\\_")
 
 
 def md_code(text: str) -> str:
