@@ -120,7 +120,11 @@ def _standing_denials(root, state, agent, errors):
     runner = os.path.join(root, b"current", b"runner", b"bin", b"fleet-runner")
     found = []
     for name in names:
-        d = _read_json_file(os.path.join(folder, name)) or {"what": "(unreadable file)"}
+        path = os.path.join(folder, name)
+        d = _read_json_file(path)
+        if d is None:  # still a standing denial (the runner holds tasks on the file's name)
+            errors.append(f"{dec(path)}: not a readable standing denial (JSON object)")
+            d = {"what": "(unreadable file)"}
         permission = d.get("permission")
         if not isinstance(permission, str) or not permission:
             permission = dec(name[:-5])

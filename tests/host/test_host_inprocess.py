@@ -356,3 +356,27 @@ def test_the_program_runs_from_memory_through_the_bootstrap(tmp_path):
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["path"] for e in events if e["t"] == "entry"] == ["a"]
     assert events[-1]["t"] == "scan-end"
+
+
+def test_status_lists_standing_denials_and_names_a_corrupt_one(tmp_path):
+    """Standing denials come oldest first with the command that clears each; a file the runner
+    left that is not a JSON object still holds tasks (the runner goes by its name), so it is
+    listed under its name and also named in ``errors`` (status exits 2 for unreadable records:
+    docs/report.md). Before, the corrupt file was listed with no error."""
+    root = tmp_path / "root"
+    make_release(root, "r1", {"a": "1"})
+    build_tree(root / "state" / "a" / "standing-denials", {
+        "tool_Bash.json": json.dumps({"permission": "tool:Bash", "time": "2026-12-01T10:00:00Z",
+                                      "task": "t7", "run": "r", "what": "denied"}),
+        "cli_vault.json": "{bad",
+    })
+    events: list[dict] = []
+    assert status.read_status(events.append, os.fsencode(root), {"agents": ["a"]}) == 0
+    agent = events[1]
+    assert [(d["permission"], d["since"], d["task"]) for d in agent["standing_denials"]] == [
+        ("cli_vault", None, None), ("tool:Bash", "2026-12-01T10:00:00Z", "t7")]
+    runner = f"{root}/current/runner/bin/fleet-runner"
+    assert agent["standing_denials"][1]["clear"] == (
+        f"{runner} --agent a --root {root} --clear-denial tool:Bash")
+    corrupt = root / "state" / "a" / "standing-denials" / "cli_vault.json"
+    assert agent["errors"] == [f"{corrupt}: not a readable standing denial (JSON object)"]

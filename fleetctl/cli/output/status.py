@@ -53,8 +53,9 @@ def to_text(report: FleetStatus) -> str:
                 lines.append(f"    escalation {e.get('kind')}: task {printable(str(e.get('task')))}"
                              f": {printable(str(e.get('reason') or ''))[:160]}")
             for d in a.standing_denials:
+                task = printable(str(d.get("task") or "?"))
                 lines.append(f"    standing denial {printable(str(d.get('permission')))} since "
-                             f"{d.get('since') or '?'} (task {printable(str(d.get('task')))}): "
+                             f"{d.get('since') or '?'} (task {task}): "
                              f"no new task starts; clear it with: {printable(str(d.get('clear')))}")
             for error in a.errors:
                 lines.append(f"    unreadable: {printable(error)}")
