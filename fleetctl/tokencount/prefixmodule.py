@@ -8,7 +8,6 @@ copy of it.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,12 +32,14 @@ def load_prefix_module(blueprint: Path) -> ModuleType:
             from None
     name = "_fleetctl_prefix_" + hashlib.sha256(source).hexdigest()[:16]
     if name not in _MODULES:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
+        # Run from the bytes just read and hashed, with no loader that writes bytecode: a
+        # __pycache__ left in the blueprint would be an untracked file (a dirty source for ship)
+        # or, shipped with --allow-dirty, drift on every host.
+        module = ModuleType(name)
+        module.__file__ = str(path)
         sys.modules[name] = module  # dataclasses look their module up while the class is made
         try:
-            spec.loader.exec_module(module)
+            exec(compile(source, str(path), "exec"), module.__dict__)
         except Exception as exc:
             sys.modules.pop(name, None)
             raise InputError(f"{path}: the runner's prefix builder does not import: "

@@ -234,3 +234,26 @@ def test_no_chars_over_four_anywhere():
     # Never a characters/4 guess presented as a count: no such arithmetic in fleetctl/tokens.
     source = "\n".join(p.read_text() for p in (REPO / "fleetctl" / "tokens").glob("*.py"))
     assert not re.search(r"len\([^)]*\)\s*(//|/)\s*4\b", source)
+
+
+def test_loading_the_prefix_builder_writes_nothing_into_the_blueprint(tmp_path, monkeypatch):
+    """Measuring imports the blueprint's runner/fleet_runner/prefix.py; it must leave no
+    __pycache__ there (an untracked file makes the source dirty for ship, and a blueprint
+    shipped with --allow-dirty would carry it to every host). Before, the import wrote
+    prefix.cpython-3XX.pyc beside it."""
+    import shutil
+
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    blueprint = tmp_path / "blueprint"
+    shutil.copytree(REPO / "blueprint" / "runner" / "fleet_runner",
+                    blueprint / "runner" / "fleet_runner",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (blueprint / "runner" / "fleet_runner" / "prefix.py").write_text(
+        (REPO / "blueprint" / "runner" / "fleet_runner" / "prefix.py").read_text()
+        + "\n# a copy of its own, so it is imported afresh\n")
+    module = load_prefix_module(blueprint)
+    assert module.MCP_TOOL_PREFIX == P.MCP_TOOL_PREFIX
+    left = sorted(str(p.relative_to(blueprint)) for p in blueprint.rglob("*")
+                  if "__pycache__" in p.parts)
+    assert left == []
