@@ -14,7 +14,7 @@ from fleetctl.host.state import (
     record_meta,
     record_path,
 )
-from fleetctl.host.walk import walk
+from fleetctl.host.walk import tree_differences
 from fleetctl.host.wire import Stop, dec, enc, os_error_text
 from fleetctl.protocol import (
     DONE,
@@ -67,26 +67,11 @@ def release_differences(root, release):
     """How a release on disk differs from its record (paths, kinds); [] when it matches."""
     recorded = [e for e in read_manifest(record_path(root, release))
                 if not is_credential_path(e["path"])]
-    found = {}
-    problems = []
-
-    def sink(entry):
-        found[entry["path"]] = entry
-
-    def bad(rel, exc):
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-            problems.append(f"{dec(rel)}: unreadable ({os_error_text(exc)})")
-
-    walk(os.path.join(root, b"releases", release), sink, bad)
-    wanted = {e["path"]: e for e in recorded}
-    for path in sorted(set(found) | set(wanted)):
-        a, b = wanted.get(path), found.get(path)
-        if a is None or b is None:
-            problems.append("{}: {}".format(path, "extra" if a is None else "missing"))
-            continue
-        for key in ("type", "mode", "owner", "digest", "target"):
-            if a.get(key) != b.get(key):
-                problems.append("{}: {}".format(path, "content" if key == "digest" else key))
+    problems, differences = tree_differences(
+        os.path.join(root, b"releases", release), recorded,
+        ("type", "mode", "owner", "digest", "target"), vanished_ok=True)
+    for path, what, _expected, _got in differences:
+        problems.append("{}: {}".format(path, "content" if what == "digest" else what))
     return problems
 
 

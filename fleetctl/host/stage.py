@@ -14,14 +14,13 @@ from fleetctl.host.files import (
 )
 from fleetctl.host.remove import force_rmtree
 from fleetctl.host.state import RECORD_SCHEMA, creds_record_path, record_path
-from fleetctl.host.walk import walk
+from fleetctl.host.walk import tree_differences
 from fleetctl.host.wire import (
     CHUNK_BYTES,
     STATE_DIR_B,
     Stop,
     dec,
     enc,
-    os_error_text,
     parse_owner,
     with_path,
 )
@@ -99,25 +98,13 @@ def assemble(stage, desired, sources, blob_dir, current_dir):
 
 def verify(stage, desired):
     """Compare the staged release with the desired manifest; raise Stop on any difference."""
-    found = {}
-    problems = []
-
-    def sink(entry):
-        found[entry["path"]] = entry
-
-    def bad(rel, exc):
-        problems.append(f"{dec(rel)}: unreadable ({os_error_text(exc)})")
-
-    walk(stage, sink, bad)
-    wanted = {e["path"]: e for e in desired}
-    for path in sorted(set(found) | set(wanted)):
-        a, b = wanted.get(path), found.get(path)
-        if a is None or b is None:
-            problems.append("{}: {}".format(path, "unexpected" if a is None else "missing"))
-            continue
-        for key in ("type", "mode", "owner", "size", "digest", "target"):
-            if a.get(key) is not None and a.get(key) != b.get(key):
-                problems.append(f"{path}: {key} is {b.get(key)}, expected {a.get(key)}")
+    problems, differences = tree_differences(
+        stage, desired, ("type", "mode", "owner", "size", "digest", "target"), vanished_ok=False)
+    for path, what, expected, got in differences:
+        if what in ("extra", "missing"):
+            problems.append("{}: {}".format(path, "unexpected" if what == "extra" else what))
+        elif expected is not None:  # only what the plan sets is checked
+            problems.append(f"{path}: {what} is {got}, expected {expected}")
     if problems:
         raise Stop("verify", "failed", "staged release differs from the plan: " +
                    "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)"

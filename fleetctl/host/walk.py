@@ -218,3 +218,37 @@ def scan_credentials(emit, root, emit_events):
     entries, bad = scan_tree(emit, top + b"/", prefix=CREDS_DIR + b"/", emit_events=emit_events)
     return [first] + entries, bad
 
+
+
+def tree_differences(top, recorded, keys, vanished_ok):
+    """Walk ``top`` and compare it with the manifest ``recorded`` (entry dicts).
+
+    Returns ``(unreadable, differences)``: ``"REL: unreadable (REASON)"`` strings (a node that
+    vanished during the walk is left out when ``vanished_ok``), and ``(path, what, expected,
+    found)`` tuples in path order, ``what`` being ``"missing"``, ``"extra"`` or a key of
+    ``keys`` whose value differs (a key the record leaves unset is compared too: callers that
+    only check what the record sets skip those). Used by the ship's verify step and by a
+    rollback's check of the release it switches to.
+    """
+    found = {}
+    unreadable = []
+
+    def sink(entry):
+        found[entry["path"]] = entry
+
+    def bad(rel, exc):
+        if not (vanished_ok and exc.errno in (errno.ENOENT, errno.ENOTDIR)):
+            unreadable.append(f"{dec(rel)}: unreadable ({os_error_text(exc)})")
+
+    walk(top, sink, bad)
+    wanted = {e["path"]: e for e in recorded}
+    differences = []
+    for path in sorted(set(found) | set(wanted)):
+        a, b = wanted.get(path), found.get(path)
+        if a is None or b is None:
+            differences.append((path, "extra" if a is None else "missing", None, None))
+            continue
+        for key in keys:
+            if a.get(key) != b.get(key):
+                differences.append((path, key, a.get(key), b.get(key)))
+    return unreadable, differences

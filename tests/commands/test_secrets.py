@@ -32,6 +32,7 @@ from fleetctl.secrets import (
     resolve_secret,
 )
 from fleetctl.yamlfile import load_model
+from tests.helpers import wait_until
 
 PY = sys.executable
 
@@ -349,26 +350,25 @@ def test_command_killed_after_timeout_with_its_children(tmp_path):
     # The grandchild says it runs (its pid in a file) before the command starts its endless wait,
     # so the test knows which process must die with the group: no guess at how long it takes.
     pid_file = tmp_path / "grandchild.pid"
-    child = (f"import os, time; open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
-             f"os.rename({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); time.sleep(600)")
-    script = ("import os, subprocess, sys, time\n"
+    # Both wait with signal.pause(): for nothing, until they are killed.
+    child = (f"import os, signal; open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
+             f"os.rename({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); signal.pause()")
+    script = ("import os, signal, subprocess, sys, time\n"
               f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
               f"while not os.path.exists({str(pid_file)!r}):\n"
               "    time.sleep(0.01)\n"
-              "time.sleep(600)\n")
+              "signal.pause()\n")
     started = time.monotonic()
     with pytest.raises(InputError) as info:
         resolve_secret(CommandSource(command=(PY, "-c", script), timeout_s=5), tmp_path, {})
-    assert time.monotonic() - started < 120  # not held up by the 600 s the command meant to wait
+    assert time.monotonic() - started < 120  # not held up by a command that waits forever
     assert "did not finish within 5 s" in info.value.message
     # 5 s is ample for two interpreters to start even on a busy machine; without the pid file
     # the command was killed before its grandchild ran, and nothing here would be tested.
     assert pid_file.exists(), "the grandchild had not started within the 5 s timeout"
     grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 30
-    while not _gone(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _gone(grandchild)  # it went with its group (it meant to sleep 600 s)
+    # It went with its group (it meant to wait forever).
+    assert wait_until(lambda: _gone(grandchild), what="the grandchild to be gone")
 
 
 def test_command_not_found_empty_output_and_signal(tmp_path):

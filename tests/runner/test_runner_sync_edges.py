@@ -76,9 +76,9 @@ def test_a_held_index_lock_names_its_holder_and_is_left(make_fleet, repos):
     fleet = make_fleet("gitwork", role=SYNC)
     ws = repos.clone(fleet.workspace)
     lock = ws / ".git" / "index.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import signal, sys\n"
                                "f = open(sys.argv[1], 'w'); print('held', flush=True)\n"
-                               "time.sleep(600)\n", str(lock)],
+                               "signal.pause()\n", str(lock)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
