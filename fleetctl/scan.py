@@ -60,6 +60,10 @@ def account_problems(host: Host, state: LiveState) -> list[str]:
     for user, info in sorted((state.accounts or {}).items()):
         if not info.get("exists"):
             problems.append(f"user {user} does not exist (ship creates it)")
+        elif info.get("uid") == 0:
+            problems.append(f"user {user} has uid 0 in /etc/passwd: root in all but name (ship "
+                            "stops: give the agent an unprivileged user)")
+            continue
         elif info.get("passwd_home") and \
                 info["passwd_home"].rstrip("/") != str(info.get("home", "")).rstrip("/"):
             problems.append(f"user {user} has HOME {info['passwd_home']} in /etc/passwd, not "

@@ -13,15 +13,16 @@ from fleetctl.protocol import ACCOUNT, ACCOUNT_NAME
 
 def read_accounts(wanted):
     """Describe each agent's account: ``{user: {exists, group_exists, home, home_exists,
-    home_mode, home_owner, passwd_home}}`` (read-only; ``passwd_home`` only for an existing
-    user)."""
+    home_mode, home_owner, passwd_home, uid}}`` (read-only; ``passwd_home`` and ``uid`` only
+    for an existing user)."""
     out = {}
     for account in wanted:
         user, group, home = account["user"], account["group"], account["home"]
         info = {"exists": True, "group_exists": True, "home": home, "home_exists": False,
                 "home_mode": None, "home_owner": None}
         try:
-            info["passwd_home"] = pwd.getpwnam(user).pw_dir
+            pw = pwd.getpwnam(user)
+            info["passwd_home"], info["uid"] = pw.pw_dir, pw.pw_uid
         except KeyError:
             info["exists"] = False
         try:
@@ -72,6 +73,25 @@ def account_missing(account):
     except KeyError:
         return True
     return not os.path.lexists(account["home"])
+
+
+def refuse_superuser(account):
+    """Stop when the agent's user exists with uid 0: root under another name.
+
+    The runner runs as root and the agent as its own user so that the agent cannot write the
+    runner's state, records or evidence (docs/runner.md, *The two users*); an agent user with
+    uid 0 would undo that. Checked for every account before any is created, so nothing is
+    written.
+    """
+    try:
+        pw = pwd.getpwnam(account["user"])
+    except KeyError:
+        return
+    if pw.pw_uid == 0:
+        raise Stop("users", "failed", f"user {account['user']} has uid 0 in /etc/passwd (root "
+                   "in all but name): an agent runs as an unprivileged user of its own, so that "
+                   "it cannot write the runner's records; give this agent another user",
+                   "/etc/passwd")
 
 
 def ensure_account(emit, account):

@@ -12,7 +12,7 @@ import errno
 import os
 import re
 
-from fleetctl.host.accounts import account_missing, ensure_account
+from fleetctl.host.accounts import account_missing, ensure_account, refuse_superuser
 from fleetctl.host.credentials import apply_credentials
 from fleetctl.host.files import fsync_dir, temp_name
 from fleetctl.host.remove import force_rmtree, mount_points, mounts_under, real_path
@@ -202,6 +202,8 @@ def ship_locked(emit, inp, root, command, state, scanned):
         if command.get("users"):
             step = "users"
             emit({"t": STEP, "name": step})
+            for account in command["users"]:
+                refuse_superuser(account)
             missing = [a for a in command["users"] if account_missing(a)]
             if missing and edited_during_ship(root, state, scanned, ignore):
                 # A refusal (exit 3) writes nothing: checked before accounts are created.

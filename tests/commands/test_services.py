@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import stat
 import subprocess
@@ -37,19 +38,17 @@ ROLES = {"worker": {"prompt": "work"}, "helper": {"prompt": "help"}}
 
 # Real users of this machine, one per agent, created once for the module (a systemd host needs
 # user: for every agent, and ship creates missing ones).
-USERS = {"a1": "fltsvc-a1", "a2": "fltsvc-a2"}
+# Unique per test process: two pytest processes (xdist workers, two checkouts) on one machine
+# must not share, or delete, each other's accounts.
+_TAG = secrets.token_hex(3)
+USERS = {"a1": f"fltsvc{_TAG}-a1", "a2": f"fltsvc{_TAG}-a2"}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def agent_users():
-    import pwd
-
     for name in USERS.values():
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "--user-group", "--create-home", "--shell", "/bin/sh", name],
-                           check=True, capture_output=True)
+        subprocess.run(["useradd", "--user-group", "--create-home", "--shell", "/bin/sh", name],
+                       check=True, capture_output=True)
     yield USERS
     for name in USERS.values():
         subprocess.run(["userdel", "-r", name], capture_output=True)

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -32,10 +33,38 @@ REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fake_agents"
 AGENT = "a1"
 ROLE_PROMPT = "You are a test agent. Do the task in the workspace.\n"
-AGENT_SETUP_S = 10.0
-"""The role timeout (seconds) of a test whose fake agent must first start and spawn a child
-before the timeout ends it: ample for two interpreters to start on a machine whose cores are
-all busy (about 1 s each was seen), and still a short test."""
+FIRST_TIMEOUT_S = 1.0
+"""The first role timeout (seconds) tried by :func:`timed_out_after_setup`: enough for a fake
+agent to start and spawn its child on an idle machine."""
+LAST_TIMEOUT_S = 32.0
+"""The longest one it tries: about 1 s per interpreter start was seen with every core busy."""
+
+
+def timed_out_after_setup(build: Callable[[Path, float], Fleet], event: str, base: Path,
+                          task: str) -> tuple[Fleet, dict]:
+    """Run one task whose fake agent must log ``event`` (its setup: a child spawned) before
+    the role timeout ends the run, and return ``(fleet, that event)``.
+
+    ``build(base, timeout_s)`` makes a fresh fleet in ``base`` with that role timeout. The
+    timeout starts at :data:`FIRST_TIMEOUT_S`; while a run was ended before the agent logged
+    ``event`` (a busy machine), it doubles, up to :data:`LAST_TIMEOUT_S`, on a new fleet. So
+    the test waits for its condition, not for a limit long enough for the slowest machine.
+
+    Raises:
+        AssertionError: a run failed, or no run got as far as ``event``.
+    """
+    timeout_s = FIRST_TIMEOUT_S
+    while True:
+        fleet = build(base / f"timeout-{timeout_s:g}s", timeout_s)
+        fleet.drop(task, kind="agent", channel=None)
+        done = fleet.run(timeout=timeout_s + WAIT_S)
+        assert done.returncode == 0, done.stderr
+        assert fleet.record(task, 1)["invocation"]["timed_out"] is True
+        if fleet.events(event):
+            return fleet, fleet.events(event)[-1]
+        if timeout_s >= LAST_TIMEOUT_S:
+            raise AssertionError(f"the fake agent never logged {event!r} within {timeout_s:g} s")
+        timeout_s *= 2
 
 
 def _alive(pid: int) -> bool:
@@ -401,14 +430,12 @@ def test_exit_status_77_of_the_agent_is_a_denial(make_fleet):
     assert "access to the repository was refused" in notice["detail"]
 
 
-def test_a_hung_agent_times_out_and_its_whole_group_is_gone(make_fleet):
+def test_a_hung_agent_times_out_and_its_whole_group_is_gone(make_fleet, tmp_path):
     # The agent hangs for ever: only the timeout ends it, so the run returning proves it. The
-    # limit must outlast the agent's start and its child's spawn on a busy machine (the child
-    # is what the test checks), so it is not the 1 s that an idle machine would allow.
-    fleet = make_fleet("hang", timeout_s=AGENT_SETUP_S)
-    fleet.drop("t11", kind="agent", channel=None)
-    assert fleet.run(timeout=AGENT_SETUP_S + WAIT_S).returncode == 0
-    spawned = fleet.wait_for("spawned", timeout=0)
+    # timeout must come after the agent spawned its child (the child is what the test checks).
+    fleet, spawned = timed_out_after_setup(
+        lambda base, limit: make_fleet("hang", timeout_s=limit, base=base), "spawned",
+        tmp_path, "t11")
     # Both ignored SIGTERM; both are gone (killed and reaped, not zombies).
     assert not _alive(spawned["pid"])
     assert not _alive(spawned["grandchild"])

@@ -9,8 +9,10 @@ installs them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +22,11 @@ import pytest
 from tests.helpers import WAIT_S
 from tests.runner.test_runner import (  # noqa: F401  (make_fleet: a fixture)
     AGENT,
-    AGENT_SETUP_S,
     FAKES,
     REPO,
     _alive,
     make_fleet,
+    timed_out_after_setup,
 )
 
 sys.path.insert(0, str(REPO / "blueprint" / "runner"))
@@ -286,8 +288,14 @@ def test_a_denial_in_the_agent_clis_result_stops_at_once_and_stands(scripted):
     again = fleet.run()  # still held
     assert again.returncode == 0 and fleet.where("d2") == ["inbox"]
     assert "standing denial(s) tool:Bash" in again.stderr
-    cleared = subprocess.run(fleet.argv("--clear-denial", "tool:Bash"), env=fleet.env(),
-                             capture_output=True, text=True, timeout=WAIT_S)
+    # The command the runner names works as printed: fleet-runner is on no PATH on a host.
+    printed = again.stderr.split("(messages wait in the inbox): ", 1)[1].splitlines()[0]
+    runner = fleet.root / "current" / "runner" / "bin" / "fleet-runner"
+    assert printed == (f"{runner} --agent {AGENT} --root {fleet.root} "
+                       f"--clear-denial PERMISSION")
+    assert printed.replace("PERMISSION", "tool:Bash") in notice["reason"]
+    cleared = subprocess.run(shlex.split(printed.replace("PERMISSION", "tool:Bash")),
+                             env=fleet.env(), capture_output=True, text=True, timeout=WAIT_S)
     assert cleared.returncode == 0, cleared.stderr
     # The same script denies again: d2 runs now, and is stopped by its own denial.
     assert fleet.run().returncode == 0
@@ -433,12 +441,11 @@ def test_a_grandchild_that_calls_setsid_is_killed_and_recorded(scripted):
     assert "os.setsid()" in record["invocation"]["escaped_killed"][0]["cmd"]
 
 
-def test_an_escaped_grandchild_of_a_timed_out_run_is_killed(scripted):
-    # The grandchild must have left the group before the timeout (AGENT_SETUP_S) ends the run.
-    fleet = scripted([[{"escape": 300}, {"sleep": 600}]], timeout_s=AGENT_SETUP_S)
-    fleet.drop("p2", kind="agent", channel=None)
-    assert fleet.run(timeout=AGENT_SETUP_S + WAIT_S).returncode == 0
-    escaped = fleet.wait_for("escaped", timeout=0)
+def test_an_escaped_grandchild_of_a_timed_out_run_is_killed(scripted, tmp_path):
+    # The grandchild must have left the group before the timeout ends the run.
+    fleet, escaped = timed_out_after_setup(
+        lambda base, limit: scripted([[{"escape": 300}, {"sleep": 600}]], timeout_s=limit,
+                                     base=base), "escaped", tmp_path, "p2")
     assert not _alive(escaped["grandchild"])
     invocation = fleet.record("p2", 1)["invocation"]
     assert invocation["timed_out"] is True
@@ -504,26 +511,30 @@ def _host_offers_a_cgroup() -> bool:
     return True
 
 
-def _run_cgroups() -> set[str]:
+def _run_cgroups(fleet) -> set[str]:
+    """The run cgroups of this fleet's agent, by the name docs/runner.md gives them
+    (``fleet-run-AGENT-STATE-…``, STATE: 8 hex digits of the sha256 of the state directory):
+    runs of other fleets (another test process) may come and go meanwhile."""
     mount = next((ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
                   if " - cgroup2 " in ln), None)
     if mount is None:
         return set()
+    state = hashlib.sha256(os.fsencode(os.path.abspath(fleet.state))).hexdigest()[:8]
     return {os.path.join(d, n) for d, dirs, _ in os.walk(mount) for n in dirs
-            if n.startswith("fleet-run-")}
+            if n.startswith(f"fleet-run-{AGENT}-{state}-")}
 
 
 def test_a_run_is_contained_in_its_own_cgroup_where_the_host_offers_one(scripted):
     fleet = scripted([[{"escape": 300}, {"print": "done"}]])
     fleet.drop("p3", kind="agent", channel=None)
-    before = _run_cgroups()
+    before = _run_cgroups(fleet)
     assert fleet.run().returncode == 0
     escaped = fleet.wait_for("escaped", timeout=0)
     assert not _alive(escaped["grandchild"])
     invocation = fleet.record("p3", 1)["invocation"]
     assert invocation["containment"] == ("cgroup" if _host_offers_a_cgroup() else "process-tree")
     assert [k["pid"] for k in invocation["escaped_killed"]] == [escaped["grandchild"]]
-    assert not (_run_cgroups() - before)  # each run's cgroup is removed once empty
+    assert not (_run_cgroups(fleet) - before)  # each run's cgroup is removed once empty
 
 
 @pytest.mark.skipif(not _host_offers_a_cgroup(), reason="the host offers no cgroup2 to create")

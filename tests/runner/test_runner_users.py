@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import stat
+import subprocess
 
 from tests.runner.test_runner import make_fleet  # noqa: F401  (a fixture)
 from tests.runner.test_runner_clis import _owned_dir, needs_root, open_base  # noqa: F401
@@ -112,3 +113,25 @@ def test_state_left_by_a_one_user_runner_is_taken_back(real_users, open_base, ma
     assert "state re-owned for two users" in done.stderr
     # The ledger is the runner's again: the new task's line was added to the old one.
     assert [line["task"] for line in fleet.ledger()] == ["t0", "h3"]
+
+
+@needs_root
+def test_an_agent_user_that_is_root_is_refused(real_users, open_base, make_fleet):
+    """Root under its own name or another (a second uid-0 entry in /etc/passwd), or the
+    runner's own user: the agent could write the runner's records, so the runner does not
+    start, names the user and leaves the task in the inbox."""
+    alias = real_users.name("uid0")
+    subprocess.run(["useradd", "--non-unique", "--uid", "0", "--gid", "0", "--no-create-home",
+                    "--shell", "/bin/sh", alias], check=True, capture_output=True)
+    try:
+        fleet = make_fleet("replier", base=open_base)
+        fleet.drop("h9", text="What is 6 x 7?")
+        for name in ("root", alias):
+            done = fleet.run("--agent-user", name)
+            assert done.returncode == 2, done.stderr
+            assert f"--agent-user {name}: uid 0 is root" in done.stderr
+        assert fleet.events("start") == [] and fleet.where("h9") == ["inbox"]
+    finally:
+        # userdel refuses a user "in use" by a process: every uid-0 process counts.
+        subprocess.run(["userdel", "--force", alias], capture_output=True)
+    assert alias not in {p.pw_name for p in pwd.getpwall()}

@@ -111,8 +111,10 @@ BASELINE_STORE = "baseline-store"
 (:mod:`fleet_runner.undo`)."""
 RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
-CLEAR_COMMAND = ("fleet-runner --agent {agent} --root {root} --clear-denial PERMISSION")
-"""How a person clears a standing denial (:mod:`fleet_runner.standing`)."""
+CLEAR_COMMAND = "{runner} --agent {agent} --root {root} --clear-denial PERMISSION"
+"""How a person clears a standing denial (:mod:`fleet_runner.standing`): the runner by its
+full path in the release in use (``fleet-runner`` is on no one's PATH on a host), as
+``fleetctl status`` shows it too."""
 
 
 def without_leftovers(changes: Changes, declared: Sequence[str] = ()) -> tuple[Changes,
@@ -259,8 +261,9 @@ class Runner:
         evidence socket listens, and git in the workspace runs as that user.
 
         Raises:
-            RunnerError: no such user, this process may not switch to it, the workspace is not
-                the user's, or no Python interpreter the user may run is found.
+            RunnerError: no such user, the user is root (uid 0) or the runner's own, this
+                process may not switch to it, the workspace is not the user's, or no Python
+                interpreter the user may run is found.
             OSError: the state could not be re-owned (no root or ``CAP_CHOWN``).
         """
         import pwd
@@ -268,6 +271,12 @@ class Runner:
             entry = pwd.getpwnam(name)
         except KeyError:
             raise RunnerError(f"--agent-user {name}: no such user") from None
+        if entry.pw_uid == 0 or entry.pw_uid == os.geteuid():
+            # The split exists to keep the runner's records out of the agent's reach.
+            raise RunnerError(f"--agent-user {name}: uid {entry.pw_uid} is "
+                              + ("root" if entry.pw_uid == 0 else "this runner's own user")
+                              + ": the agent would be able to write the runner's state, "
+                              "records and evidence; give the agent an unprivileged user")
         if os.geteuid() != 0 and os.geteuid() != entry.pw_uid:
             # Without root the switch needs CAP_SETUID/CAP_SETGID; Popen says so at the first
             # attempt otherwise, which would be too late.
@@ -373,7 +382,9 @@ class Runner:
 
     def _clear_command(self) -> str:
         """How a person clears a standing denial (``PERMISSION`` to be filled in, quoted)."""
-        return CLEAR_COMMAND.format(agent=shlex.quote(self.paths.agent),
+        runner = self.paths.root / "current" / "runner" / "bin" / "fleet-runner"
+        return CLEAR_COMMAND.format(runner=shlex.quote(os.fspath(runner)),
+                                    agent=shlex.quote(self.paths.agent),
                                     root=shlex.quote(os.fspath(self.paths.root)))
 
     def _note_held(self, held: list[dict[str, Any]]) -> None:

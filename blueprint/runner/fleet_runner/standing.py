@@ -8,9 +8,10 @@ is there, the runner starts no new task: the runner cannot tell before a task ru
 permissions it will need, and a refused permission is not granted by trying again (a new
 token, a grant, a policy change is a person's job). Messages wait in ``inbox/``; a task already
 in ``processing/`` is finished. A person clears a denial once the permission is granted (or
-the refusal understood) with ``fleet-runner --agent NAME --root ROOT --clear-denial
-PERMISSION`` (or ``all``), which removes the file; ``--list-denials`` prints them. Clearing
-needs no stop: the serving runner reads the directory before it takes each message.
+the refusal understood) with ``ROOT/current/runner/bin/fleet-runner --agent NAME --root ROOT
+--clear-denial PERMISSION`` (or ``all``), which removes the file; ``--list-denials`` prints
+them. Clearing needs no stop: the serving runner reads the directory before it takes each
+message.
 """
 
 from __future__ import annotations
