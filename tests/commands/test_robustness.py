@@ -151,13 +151,21 @@ def test_ctrl_c_stops_every_host_reports_them_and_loses_nothing(tmp_path):
     for i in range(1500):
         files["runner"][f"d{i % 20}"][f"f{i}"] = f"{i}\n" * 500
     bp = make_project(tmp_path, files)
+    # Host h2's interpreter says it has started, then never answers: Ctrl-C surely lands while
+    # the ship is under way (waiting for a whole ship to start on a busy machine, it could come
+    # after the end).
+    started = tmp_path / "h2-started"
+    stuck = tmp_path / "stuck-python"
+    stuck.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 600\n")
+    stuck.chmod(0o755)
     hosts = {f"h{i}": local_host(tmp_path / f"box{i}") for i in range(3)}
-    inv = write_inventory(tmp_path / "inv.yaml", hosts)
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        **hosts, "h2": {**hosts["h2"], "python": str(stuck)}})
     exe = str(Path(sys.executable).parent / "fleetctl")
     argv = [exe, "ship", "--yes", "--parallel", "1", "--format", "json", "--inventory", str(inv),
             "--blueprint", str(bp)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until((tmp_path / "box0").exists, what="the first host being shipped")
+    wait_until(started.exists, what="the ship reaching the last host")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=WAIT_S)
     doc = json.loads(out)
@@ -170,6 +178,7 @@ def test_ctrl_c_stops_every_host_reports_them_and_loses_nothing(tmp_path):
         box = tmp_path / f"box{i}"
         assert not (box / "current").exists()
         assert not box.exists() or not any((box / "releases").glob("*"))
+    inv = write_inventory(tmp_path / "inv.yaml", hosts)  # h2 answers now
     again = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
     assert again.code == 0, again.stdout
     assert cli("drift", inventory=inv, blueprint=bp).code == 0

@@ -75,6 +75,12 @@ Type=simple
 # agent cannot write the runner's state, records, ledger or evidence.
 User=root
 Group=root
+# Root, but with only the capabilities the runner uses: start the agent's processes as its
+# user (SETUID, SETGID), give it its directories in the state (CHOWN, FOWNER), read, snapshot
+# and restore its workspace (DAC_OVERRIDE), end its processes (KILL), and
+# check which process sends through the evidence socket (SYS_PTRACE: /proc/PID/exe of another
+# user's process). The ExecStartPre= lines ("+") are not bound by it.
+CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_FOWNER CAP_KILL CAP_SETGID CAP_SETUID CAP_SYS_PTRACE
 Environment="FLEET_ROOT={root}"
 Environment=PYTHONDONTWRITEBYTECODE=1
 UMask=0077
@@ -481,7 +487,8 @@ def test_on_a_terminal_unit_files_are_confirmed_and_starting_units_is_not(tmp_pa
 def test_the_unit_run_as_systemd_would_serves_with_two_users(open_base):
     """The shipped unit's own lines, run the way systemd runs them (PID 1 is not systemd here:
     Environment= lines, ExecStartPre= with full privileges, ExecStart= as User=root in
-    WorkingDirectory= with UMask=0077), on a host whose state a one-user runner left owned by
+    WorkingDirectory= with UMask=0077, its CapabilityBoundingSet= and NoNewPrivileges=, through
+    util-linux's setpriv), on a host whose state a one-user runner left owned by
     the agent's user: the repository's runner serves a person's message, the agent runs as
     its own user, and the state ends up the runner's, out of the agent's reach."""
     import pwd
@@ -532,6 +539,11 @@ def test_the_unit_run_as_systemd_would_serves_with_two_users(open_base):
     os.chown(log, *agent_ids)
     [start] = [shlex.split(v) for k, v in lines if k == "ExecStart"]
     [workdir] = [v.lstrip("-") for k, v in lines if k == "WorkingDirectory"]
+    # The unit's capability bounding set, applied as systemd applies it: root keeps only those.
+    [bounding] = [v.split() for k, v in lines if k == "CapabilityBoundingSet"]
+    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in bounding)
+    start = ["setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--no-new-privs",
+             "--", *start]
     umask = os.umask(0o077)
     try:
         done = subprocess.run([*start, "--once", "--poll-s", "0.1"], cwd=workdir,

@@ -93,6 +93,11 @@ class Fleet:
     root: Path
     log: Path
     extra_env: dict[str, str] | None = None
+    runner_prefix: tuple[str, ...] = ()
+    """What the runner's command line starts with (``setpriv ... --``: run it in its unit's
+    bounds)."""
+    runner_args: tuple[str, ...] = ()
+    """Options every runner run gets (``--agent-user NAME``)."""
 
     @property
     def state(self) -> Path:
@@ -116,9 +121,10 @@ class Fleet:
         os.rename(tmp, inbox / f"{time.time_ns()}-{mid}.json")
 
     def argv(self, *extra: str) -> list[str]:
-        return [str(self.root / "current" / "runner" / "bin" / "fleet-runner"), "--agent", AGENT,
+        return [*self.runner_prefix,
+                str(self.root / "current" / "runner" / "bin" / "fleet-runner"), "--agent", AGENT,
                 "--root", str(self.root), "--kill-grace-s", "0.3", "--check-timeout-s", "20",
-                "--poll-s", "0.1", "--retry-backoff-s", "0", *extra]
+                "--poll-s", "0.1", "--retry-backoff-s", "0", *self.runner_args, *extra]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "FAKE_AGENT_LOG": str(self.log), "PYTHONDONTWRITEBYTECODE": "1",

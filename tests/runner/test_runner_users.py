@@ -11,7 +11,12 @@ import pwd
 import stat
 import subprocess
 
-from tests.runner.test_runner import make_fleet  # noqa: F401  (a fixture)
+from tests.runner.test_runner import (  # noqa: F401  (make_fleet: a fixture)
+    REPO,
+    _alive,
+    make_fleet,
+    timed_out_after_setup,
+)
 from tests.runner.test_runner_clis import _owned_dir, needs_root, open_base  # noqa: F401
 
 
@@ -135,3 +140,47 @@ def test_an_agent_user_that_is_root_is_refused(real_users, open_base, make_fleet
         # userdel refuses a user "in use" by a process: every uid-0 process counts.
         subprocess.run(["userdel", "--force", alias], capture_output=True)
     assert alias not in {p.pw_name for p in pwd.getpwall()}
+
+
+def _unit_bounding_set() -> list[str]:
+    """The capabilities the shipped unit leaves the root runner (its CapabilityBoundingSet=)."""
+    unit = (REPO / "templates" / "fleet-runner.service.j2").read_text()
+    [line] = [ln for ln in unit.splitlines() if ln.startswith("CapabilityBoundingSet=")]
+    return line.split("=", 1)[1].split()
+
+
+@needs_root
+def test_the_units_capabilities_are_enough_to_undo_and_to_end_the_agents_processes(
+        real_users, open_base, make_fleet):
+    """The runner as root with only the unit's capability bounding set (applied with
+    util-linux's setpriv, as systemd applies it): it still restores the mode of a file the
+    agent's user owns (CAP_FOWNER), and ends the process group of that user's agent at its
+    timeout and what escaped it (CAP_KILL); tests/commands/test_services.py runs the unit's
+    own lines for the rest."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    script = open_base / "script.json"
+    script.write_text(json.dumps({"attempts": [[
+        {"chmod": "docs/guide.md", "mode": "0777"}, {"escape": 300}, {"sleep": 600}]]}))
+    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set())
+
+    def build(base, timeout_s):
+        base.mkdir(mode=0o755)
+        fleet = make_fleet("scripted", base=base, role={"writes": ["src/"]},
+                           timeout_s=timeout_s, env={"FAKE_SCRIPT": str(script)},
+                           workspace_files={"docs/guide.md": "read me\n"})
+        _two_users(fleet, user)
+        for path in (fleet.workspace / "docs", fleet.workspace / "docs" / "guide.md"):
+            os.chown(path, user.pw_uid, user.pw_gid)
+        os.chmod(fleet.workspace / "docs" / "guide.md", 0o644)
+        fleet.runner_prefix = ("setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all",
+                               "--no-new-privs", "--")
+        fleet.runner_args = ("--agent-user", user.pw_name)
+        return fleet
+
+    fleet, escaped = timed_out_after_setup(build, "escaped", open_base, "k1")
+    record = fleet.record("k1", 1)
+    assert record["invocation"]["group_gone"] is True
+    assert record["failed_gates"] == ["run", "scope"]
+    assert stat.S_IMODE((fleet.workspace / "docs" / "guide.md").stat().st_mode) == 0o644
+    assert [k["pid"] for k in record["invocation"]["escaped_killed"]] == [escaped["grandchild"]]
+    assert not _alive(escaped["grandchild"])
