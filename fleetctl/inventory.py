@@ -301,13 +301,6 @@ def load_inventory(path: Path, roles: set[str] | None = None,
                 raise input_error(path, node, key, "service: systemd runs each agent's command "
                                   "as the agent's own user (its runner as root): set user: for "
                                   "this agent")
-            if a.user == "root":
-                raise input_error(path, node, [*key, "user"], "an agent's user must not be "
-                                  "root: the runner runs as root and the agent as its own "
-                                  "unprivileged user, so that the agent cannot write the "
-                                  "runner's records (docs/runner.md, The two users)",
-                                  hint="give the agent a user of its own, e.g. user: "
-                                  f"fleet-{agent_name}")
             grants = tuple(_grant(path, node, [*key, "grants", cap], cap, g, a.role, blueprint)
                            for cap, g in a.grants.items())
             agent = Agent(agent_name, a.role, {**host_vars, **a.vars}, user=a.user,

@@ -69,10 +69,15 @@ class HostSession:
         if INTERRUPTED.is_set():
             raise HostError(f"{self.label}: interrupted; not started")
         self._chan: Channel = transport.start([python, "-c", bundle.BOOTSTRAP])
-        with _ACTIVE_LOCK:
-            _ACTIVE.add(self)
         self._timeout_s = timeout_s
         self._timer: threading.Timer | None = None
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
+        # A Ctrl-C while the program was being started (an SSH channel takes a round trip)
+        # found no session to end: the flag is set before interrupt_all looks, so seen here.
+        if INTERRUPTED.is_set():
+            self.kill()
+            raise HostError(f"{self.label}: interrupted; ended as it started")
         self.arm()
         self._buffer = b""
         self._events = self._read_events()
