@@ -10,6 +10,9 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
+
+import pytest
 
 from tests.runner.test_runner import (  # noqa: F401  (make_fleet: a fixture)
     REPO,
@@ -184,3 +187,30 @@ def test_the_units_capabilities_are_enough_to_undo_and_to_end_the_agents_process
     assert stat.S_IMODE((fleet.workspace / "docs" / "guide.md").stat().st_mode) == 0o644
     assert [k["pid"] for k in record["invocation"]["escaped_killed"]] == [escaped["grandchild"]]
     assert not _alive(escaped["grandchild"])
+
+
+def test_the_units_bounding_set_is_what_the_runner_checks_for():
+    sys.path.insert(0, str(REPO / "blueprint" / "runner"))
+    from fleet_runner.loop import AGENT_USER_CAPS
+
+    assert sorted(_unit_bounding_set()) == sorted(AGENT_USER_CAPS)
+
+
+@needs_root
+@pytest.mark.parametrize("dropped", ["CAP_KILL", "CAP_SYS_PTRACE"])
+def test_a_runner_without_a_capability_it_needs_says_so_at_start(real_users, open_base,
+                                                                  make_fleet, dropped):
+    """Without CAP_KILL a timed-out agent of another user could not be ended (the runner
+    waited on it for ever); without CAP_SYS_PTRACE every send through the socket would be
+    refused. Exit 2 at start, naming it; the task stays in the inbox."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, user)
+    fleet.drop("c1", text="What is 6 x 7?")
+    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set()
+                    if c != dropped)
+    fleet.runner_prefix = ("setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 2, done.stderr
+    assert f"lacks {dropped}, which it needs" in done.stderr
+    assert fleet.events("start") == [] and fleet.where("c1") == ["inbox"]

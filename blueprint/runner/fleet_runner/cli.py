@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-user", metavar="USER",
                    help="run the agent command and the checks as USER, apart from the runner: "
                         "sends then count only when recorded through the runner's socket "
-                        "(needs root or CAP_SETUID/CAP_SETGID; default: the runner's user)")
+                        "(needs root, or the capabilities docs/runner.md lists; default: the "
+                        "runner's user)")
     p.add_argument("--list-denials", action="store_true",
                    help="print the agent's standing denials as JSON, and exit")
     p.add_argument("--clear-denial", metavar="PERMISSION",

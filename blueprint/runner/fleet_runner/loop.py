@@ -109,6 +109,13 @@ directory of shims it may read, and the runner's evidence socket (sendproof.py).
 BASELINE_STORE = "baseline-store"
 """Under ``runs/<task>/``: copies of the files outside the write scope at the baseline
 (:mod:`fleet_runner.undo`)."""
+AGENT_USER_CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL": 5,
+                   "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_PTRACE": 19}
+"""The capabilities a runner with ``--agent-user`` uses, by bit number (``linux/capability.h``):
+start the agent's processes as its user (SETUID, SETGID), give it its directories in the state
+(CHOWN), read, snapshot and restore its files (DAC_OVERRIDE, FOWNER: modes), end its processes
+(KILL), and see which program sends through the evidence socket (SYS_PTRACE: another user's
+``/proc/PID/exe``). The systemd unit's ``CapabilityBoundingSet=`` is exactly these."""
 RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
 CLEAR_COMMAND = "{runner} --agent {agent} --root {root} --clear-denial PERMISSION"
@@ -145,6 +152,19 @@ def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
                             for g in entry.get("failed_gates", [])) or "all gates passed"
         lines.append(f"  {entry.get('attempt')}: {verdict}: {why}")
     return "\n".join(lines)
+
+
+def missing_capabilities() -> list[str]:
+    """The names of :data:`AGENT_USER_CAPS` this process does not have in effect (read from
+    ``/proc/self/status``, ``CapEff``), in bit order; ``[]`` where there is no such file."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return []
+    effective = int(next((ln.split()[1] for ln in status.splitlines()
+                          if ln.startswith("CapEff:")), "0"), 16)
+    return [name for name, bit in sorted(AGENT_USER_CAPS.items(), key=lambda kv: kv[1])
+            if not effective >> bit & 1]
 
 
 class RunnerError(Exception):
@@ -262,8 +282,8 @@ class Runner:
 
         Raises:
             RunnerError: no such user, the user is root (uid 0) or the runner's own, this
-                process may not switch to it, the workspace is not the user's, or no Python
-                interpreter the user may run is found.
+                process lacks one of :data:`AGENT_USER_CAPS`, the workspace is not the user's,
+                or no Python interpreter the user may run is found.
             OSError: the state could not be re-owned (no root or ``CAP_CHOWN``).
         """
         import pwd
@@ -277,16 +297,14 @@ class Runner:
                               + ("root" if entry.pw_uid == 0 else "this runner's own user")
                               + ": the agent would be able to write the runner's state, "
                               "records and evidence; give the agent an unprivileged user")
-        if os.geteuid() != 0 and os.geteuid() != entry.pw_uid:
-            # Without root the switch needs CAP_SETUID/CAP_SETGID; Popen says so at the first
-            # attempt otherwise, which would be too late.
-            status = Path("/proc/self/status").read_text()
-            caps = int(next((ln.split()[1] for ln in status.splitlines()
-                             if ln.startswith("CapEff:")), "0"), 16)
-            if not (caps >> 6 & 1 and caps >> 7 & 1):
-                raise RunnerError(f"--agent-user {name}: this runner (uid {os.geteuid()}) may "
-                                  "not start processes as another user (needs root or "
-                                  "CAP_SETUID and CAP_SETGID)")
+        # Checked now: without them the first attempt would fail late or worse (without
+        # CAP_KILL a timed-out agent cannot be ended, and the runner waits on it for ever).
+        missing = missing_capabilities()
+        if missing:
+            raise RunnerError(f"--agent-user {name}: this runner (uid {os.geteuid()}) lacks "
+                              f"{', '.join(missing)}, which it needs to run the agent as "
+                              "another user and keep it in bounds (docs/runner.md, The two "
+                              "users)")
         try:
             owner = os.stat(self.paths.workspace).st_uid
         except OSError as exc:
