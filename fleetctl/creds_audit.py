@@ -621,7 +621,7 @@ def audit_credentials(blueprint: Blueprint, inventory: Inventory, hosts: list[Ho
         progress: an observer with ``host_started(name)``, ``host_step(name, step)`` and
             ``host_finished(result)`` (``result`` has ``host`` and ``status``), or ``None``.
     """
-    from fleetctl.session import interrupt_all
+    from fleetctl.fanout import wait_interruptible
 
     audits = static_audit(blueprint, hosts, inventory.path)
     if options.static_only:
@@ -647,10 +647,6 @@ def audit_credentials(blueprint: Blueprint, inventory: Inventory, hosts: list[Ho
             progress.host_finished(audit)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
-        pending = {pool.submit(one, h, a) for h, a in zip(hosts, audits, strict=True)}
-        while pending:
-            try:
-                _, pending = concurrent.futures.wait(pending, timeout=0.2)
-            except KeyboardInterrupt:  # end the scans; every host is still reported
-                interrupt_all()
+        # Ctrl-C ends the scans; every host is still reported.
+        wait_interruptible([pool.submit(one, h, a) for h, a in zip(hosts, audits, strict=True)])
     return AuditReport(audits)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from fleetctl.session import interrupt_all
+from fleetctl.session import INTERRUPTED, interrupt_all
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -23,18 +23,33 @@ R = TypeVar("R")
 def wait_interruptible(futures: Sequence[concurrent.futures.Future]) -> None:
     """Wait for every future; on Ctrl-C, interrupt the host programs and keep waiting.
 
+    In the main thread, Ctrl-C only sets a flag here (a SIGINT handler for the length of the
+    wait), and the wait, in 0.2 s slices, then ends the host programs. A KeyboardInterrupt
+    raised wherever the main thread happened to be could land inside
+    ``concurrent.futures.wait`` while it held a future's lock: the worker finishing that
+    future then blocked for ever, and so did fleetctl (seen in the Ctrl-C test under load).
+
     After the first Ctrl-C, further ones are ignored until the process ends: the host programs
     are already being ended, and what remains (aborting prepared hosts, the report saying where
-    each host stopped) takes seconds and must not itself be cut short.
+    each host stopped) takes seconds and must not itself be cut short. Outside the main thread
+    (a phase of a ship waiting on its hosts) it only waits: Ctrl-C reaches the main thread.
     """
     pending = set(futures)
-    while pending:
-        try:
+    if threading.current_thread() is not threading.main_thread():
+        concurrent.futures.wait(pending)
+        return
+    pressed = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: pressed.set())
+    try:
+        while pending:
             _, pending = concurrent.futures.wait(pending, timeout=0.2)
-        except KeyboardInterrupt:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-            interrupt_all()
+            if pressed.is_set() and not INTERRUPTED.is_set():
+                interrupt_all()
+    finally:
+        if pressed.is_set():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def fan_out(items: Sequence[T], work: Callable[[T], R], parallel: int) -> list[R]:
