@@ -303,6 +303,36 @@ def test_a_denial_in_the_agent_clis_result_stops_at_once_and_stands(scripted):
     assert fleet.where("d2") == ["failed"]
 
 
+def test_the_clear_commands_work_as_pasted_with_odd_paths_and_a_state_dir(scripted, tmp_path):
+    """The escalation, the standing-denial file and the log line each name a command that works
+    pasted into a shell: the root's path holds a space and the word PERMISSION (only the last
+    argument is the permission), and the runner's --state-dir is not the default one."""
+    base = tmp_path / "PERMISSION dir"
+    fleet = scripted([[{"result": DENIED_RESULT}]], base=base)
+    state = base / "elsewhere" / "a1-state"
+    state.mkdir(parents=True)
+    fleet.state.parent.mkdir(parents=True, exist_ok=True)
+    fleet.state.symlink_to(state)  # the test's helpers read it there; the runner is told
+    fleet.runner_args = ("--state-dir", str(state))
+    fleet.drop("d9", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    [notice] = fleet.notices()
+    in_notice = notice["reason"].split("clears each: ", 1)[1].splitlines()[0]
+    [standing] = [json.loads(p.read_text()) for p in (state / "standing-denials").iterdir()]
+    held = fleet.run()
+    in_log = held.stderr.split("(messages wait in the inbox): ", 1)[1].splitlines()[0]
+    runner = fleet.root / "current" / "runner" / "bin" / "fleet-runner"
+    expected = [str(runner), "--agent", AGENT, "--root", str(fleet.root),
+                "--state-dir", str(state), "--clear-denial"]
+    assert shlex.split(in_log) == [*expected, "PERMISSION"]
+    assert shlex.split(in_notice) == shlex.split(standing["clear"]) == [*expected, "tool:Bash"]
+    cleared = subprocess.run(in_notice, shell=True, env=fleet.env(), capture_output=True,
+                             text=True, timeout=WAIT_S)
+    assert cleared.returncode == 0, cleared.stderr
+    assert list((state / "standing-denials").iterdir()) == []
+
+
 def test_a_denial_only_in_the_saved_transcript_stops_the_task(scripted, tmp_path):
     home = tmp_path / "home"
     refused = {"type": "user", "message": {"role": "user", "content": [{

@@ -118,10 +118,6 @@ start the agent's processes as its user (SETUID, SETGID), give it its directorie
 ``/proc/PID/exe``). The systemd unit's ``CapabilityBoundingSet=`` is exactly these."""
 RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
-CLEAR_COMMAND = "{runner} --agent {agent} --root {root} --clear-denial PERMISSION"
-"""How a person clears a standing denial (:mod:`fleet_runner.standing`): the runner by its
-full path in the release in use (``fleet-runner`` is on no one's PATH on a host), as
-``fleetctl status`` shows it too."""
 
 
 def without_leftovers(changes: Changes, declared: Sequence[str] = ()) -> tuple[Changes,
@@ -398,12 +394,17 @@ class Runner:
                 return True
         return False
 
-    def _clear_command(self) -> str:
-        """How a person clears a standing denial (``PERMISSION`` to be filled in, quoted)."""
+    def _clear_command(self, permission: str = "PERMISSION") -> str:
+        """The command that clears the standing denial of ``permission`` (by default the
+        placeholder ``PERMISSION``), ready to paste: the runner by its full path in the release
+        in use (``fleet-runner`` is on no one's PATH on a host, and ``fleetctl status`` shows
+        the same), with ``--state-dir`` when this runner's is not the default one."""
         runner = self.paths.root / "current" / "runner" / "bin" / "fleet-runner"
-        return CLEAR_COMMAND.format(runner=shlex.quote(os.fspath(runner)),
-                                    agent=shlex.quote(self.paths.agent),
-                                    root=shlex.quote(os.fspath(self.paths.root)))
+        argv = [os.fspath(runner), "--agent", self.paths.agent, "--root",
+                os.fspath(self.paths.root)]
+        if self.paths.state != self.paths.root / "state" / self.paths.agent:
+            argv += ["--state-dir", os.fspath(self.paths.state)]
+        return shlex.join([*argv, "--clear-denial", permission])
 
     def _note_held(self, held: list[dict[str, Any]]) -> None:
         """Log once per set of standing denials that new tasks wait for a person."""
@@ -1124,15 +1125,14 @@ class Runner:
             blocked = "; ".join(f"{d.get('cli', '?')}: {d.get('what', '?')}"
                                 + (f" ({d['detail']})" if d.get("detail") else "")
                                 for d in last.get("denials", []))
-            clear = self._clear_command()
             held = standing.record(self.paths.standing_denials, last.get("denials", []),
-                                   task=task.message.id, run=str(last.get("run")), clear=clear)
+                                   task=task.message.id, run=str(last.get("run")),
+                                   clear=self._clear_command)
             final["reason"] = (f"Task {task.message.id} ({task.config.agent}) stopped: permission "
                                f"denied on attempt {last.get('attempt')}: {blocked}. Not retried. "
                                f"Standing denial(s) {', '.join(held)}: no new task of this "
                                f"agent starts until a person clears each: "
-                               + "; ".join(clear.replace("PERMISSION", shlex.quote(p))
-                                           for p in held)
+                               + "; ".join(self._clear_command(p) for p in held)
                                + f"\nAttempts:\n{history}")
             final["standing_denials"] = held
             final["detail"] = tail_text(task.dir / f"attempt-{last.get('attempt')}.stderr", 4000)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ def _file(directory: Path, permission: str) -> Path:
 
 
 def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run: str,
-           clear: str) -> list[str]:
+           clear: Callable[[str], str]) -> list[str]:
     """Make each denial's permission a standing denial (the first one recorded is kept).
 
     Args:
@@ -50,7 +49,8 @@ def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run
         denials: the run's denials.
         task: the task they stopped.
         run: ``TASK/ATTEMPT``.
-        clear: the command that clears one (shown in escalations and logs).
+        clear: the command that clears the standing denial of a permission (kept in its
+            file, shown in escalations).
 
     Returns:
         The permissions, in order, without repeats.
@@ -66,7 +66,7 @@ def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run
         if not path.exists():
             write_json_atomic(path, {"permission": permission, "task": task, "run": run,
                                      "what": denial.get("what"), "time": now_iso(),
-                                     "clear": clear.replace("PERMISSION", shlex.quote(permission))})
+                                     "clear": clear(permission)})
     return out
 
 
