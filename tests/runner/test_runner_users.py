@@ -214,3 +214,26 @@ def test_a_runner_without_a_capability_it_needs_says_so_at_start(real_users, ope
     assert done.returncode == 2, done.stderr
     assert f"lacks {dropped}, which it needs" in done.stderr
     assert fleet.events("start") == [] and fleet.where("c1") == ["inbox"]
+
+
+@needs_root
+def test_a_runner_that_is_not_root_is_refused_even_with_the_capabilities(real_users, open_base,
+                                                                          make_fleet):
+    """A runner of another uid holding the seven capabilities as ambient ones (as setpriv or
+    systemd's AmbientCapabilities= give them) would pass them on to the agent, which could
+    then write the runner's ledger (seen in a tryout): exit 2 before anything is touched."""
+    runner_user = pwd.getpwnam(real_users.create("runner"))
+    agent = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, agent)
+    fleet.drop("n1", text="What is 6 x 7?")
+    caps = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set())
+    fleet.runner_prefix = ("setpriv", f"--reuid={runner_user.pw_uid}",
+                           f"--regid={runner_user.pw_gid}", "--clear-groups",
+                           f"--inh-caps={caps}", f"--ambient-caps={caps}", "--")
+    done = fleet.run("--agent-user", agent.pw_name)
+    assert done.returncode == 2, done.stderr
+    assert f"the runner must run as root (uid 0) to start the agent as another user, not as " \
+           f"uid {runner_user.pw_uid}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert fleet.events("start") == [] and fleet.where("n1") == ["inbox"]

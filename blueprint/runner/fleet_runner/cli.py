@@ -23,7 +23,7 @@ from pathlib import Path
 from fleet_runner import cgroup, standing
 from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
-from fleet_runner.loop import Runner, RunnerError, RunnerOptions
+from fleet_runner.loop import Runner, RunnerError, RunnerOptions, not_root_refusal
 from fleet_runner.paths import AgentPaths, agent_paths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.tokens import prefix_tokens as counted_prefix
@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-user", metavar="USER",
                    help="run the agent command and the checks as USER, apart from the runner: "
                         "sends then count only when recorded through the runner's socket "
-                        "(needs root, or the capabilities docs/runner.md lists; default: the "
-                        "runner's user)")
+                        "(the runner must be root, with the capabilities docs/runner.md lists; "
+                        "default: the runner's user)")
     p.add_argument("--list-denials", action="store_true",
                    help="print the agent's standing denials as JSON, and exit")
     p.add_argument("--clear-denial", metavar="PERMISSION",
@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                         notify=args.notify_spool)
     if args.list_denials or args.clear_denial:
         return _denials(paths, args.clear_denial)
+    refusal = not_root_refusal(args.agent_user) if args.agent_user else None
+    if refusal:  # before the lock: a non-root runner may not even reach root's state
+        print(f"fleet-runner: {refusal}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         if args.show_prefix:
             return _show_prefix(paths)
@@ -158,7 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleet-runner: cannot create the state or workspace directories: {exc}",
               file=sys.stderr)
         return EXIT_ERROR
-    lock_fd = _hold_lock(paths.lock)
+    try:
+        lock_fd = _hold_lock(paths.lock)
+    except OSError as exc:
+        print(f"fleet-runner: cannot take the runner's lock {paths.lock}: {exc.strerror} (the "
+              f"state directory {paths.state} must be this runner's: uid {os.geteuid()})",
+              file=sys.stderr)
+        return EXIT_ERROR
     if lock_fd is None:
         print(f"fleet-runner: another runner serves agent {args.agent} ({paths.lock} is locked)",
               file=sys.stderr)

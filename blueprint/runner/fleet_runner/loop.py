@@ -150,6 +150,19 @@ def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def not_root_refusal(agent_user: str) -> str | None:
+    """Why a runner that is not root (uid 0) must not start the agent as ``agent_user``, or
+    ``None`` when it is root. A runner of another uid holds its capabilities as ambient ones
+    (setpriv, systemd's ``AmbientCapabilities=``) and the agent would inherit them, and with
+    them the runner's records; root's are dropped when the kernel switches to the agent's
+    user."""
+    if os.geteuid() == 0:
+        return None
+    return (f"--agent-user {agent_user}: the runner must run as root (uid 0) to start the agent "
+            f"as another user, not as uid {os.geteuid()}: a runner of another uid passes its "
+            "capabilities on to the agent (docs/runner.md, The two users)")
+
+
 def missing_capabilities() -> list[str]:
     """The names of :data:`AGENT_USER_CAPS` this process does not have in effect (read from
     ``/proc/self/status``, ``CapEff``), in bit order; ``[]`` where there is no such file."""
@@ -277,8 +290,8 @@ class Runner:
         evidence socket listens, and git in the workspace runs as that user.
 
         Raises:
-            RunnerError: no such user, the user is root (uid 0) or the runner's own, this
-                process lacks one of :data:`AGENT_USER_CAPS`, the workspace is not the user's,
+            RunnerError: this runner is not root, no such user, the user is root (uid 0),
+                this process lacks one of :data:`AGENT_USER_CAPS`, the workspace is not the user's,
                 or no Python interpreter the user may run is found.
             OSError: the state could not be re-owned (no root or ``CAP_CHOWN``).
         """
@@ -287,12 +300,14 @@ class Runner:
             entry = pwd.getpwnam(name)
         except KeyError:
             raise RunnerError(f"--agent-user {name}: no such user") from None
-        if entry.pw_uid == 0 or entry.pw_uid == os.geteuid():
+        refusal = not_root_refusal(name)
+        if refusal:
+            raise RunnerError(refusal)
+        if entry.pw_uid == 0:
             # The split exists to keep the runner's records out of the agent's reach.
-            raise RunnerError(f"--agent-user {name}: uid {entry.pw_uid} is "
-                              + ("root" if entry.pw_uid == 0 else "this runner's own user")
-                              + ": the agent would be able to write the runner's state, "
-                              "records and evidence; give the agent an unprivileged user")
+            raise RunnerError(f"--agent-user {name}: uid 0 is root: the agent would be able to "
+                              "write the runner's state, records and evidence; give the agent "
+                              "an unprivileged user")
         # Checked now: without them the first attempt would fail late or worse (without
         # CAP_KILL a timed-out agent cannot be ended, and the runner waits on it for ever).
         missing = missing_capabilities()
