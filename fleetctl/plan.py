@@ -12,6 +12,7 @@ run and the real ship use the very same plan: a dry run is scan, plan, report.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +116,8 @@ def plan_digest(changes: list[Change] | tuple[Change, ...], desired: Manifest,
 
 
 def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Change],
-              found: Ancestry, accounts: list[str], options: PlanOptions) -> ShipPlan:
+              found: Ancestry, accounts: list[str], options: PlanOptions,
+              account_stops: Sequence[str] = ()) -> ShipPlan:
     """Decide what a ship of ``host`` does, from its scan; no I/O.
 
     Args:
@@ -126,8 +128,11 @@ def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Cha
         found: how the source relates to the host's commit.
         accounts: what the ship would create for the agents' accounts (one line each).
         options: the options that change the decision.
+        account_stops: the accounts the host's users step would stop on (an agent user with
+            uid 0, another HOME in /etc/passwd, a HOME that is not a directory).
 
-    The checks, in order: the host's identity, its layout, an incomplete scan (exit 2); hand-
+    The checks, in order: the host's identity, its layout, accounts the ship cannot make
+    right, an incomplete scan (exit 2); hand-
     patches not overridden, a stale checkout, a plan other than the one confirmed (exit 3).
     """
     common: dict[str, Any] = dict(changes=tuple(changes), ancestry=found,
@@ -140,6 +145,10 @@ def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Cha
     layout = layout_problem(host, state)
     if layout:  # the host-side program refuses this itself; a dry run must say the same
         return ShipPlan(host.name, ERROR, reason=layout, step="scan", **common)
+    if account_stops:  # the same, and stopping here sends nothing and creates no root
+        return ShipPlan(host.name, ERROR, reason="; ".join(account_stops), step="users",
+                        hint="fix the agent's user: or home: in the inventory (or the account "
+                        "on the host); nothing was written", **common)
     if state.unreadable:
         return ShipPlan(host.name, INCOMPLETE, reason=f"{len(state.unreadable)} path(s) could "
                         "not be read; refusing to ship over a tree that was not fully seen",

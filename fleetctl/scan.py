@@ -51,23 +51,46 @@ def accounts_request(host: Host) -> dict[str, list[dict[str, str]]]:
     return {"accounts": list(seen.values())}
 
 
+def _account_stop(user: str, info: dict[str, Any]) -> str | None:
+    """Why the ship's users step would stop on this existing account, or ``None``."""
+    if info.get("uid") == 0:
+        return (f"user {user} has uid 0 in /etc/passwd: root in all but name (ship stops: give "
+                "the agent an unprivileged user)")
+    if info.get("passwd_home") and \
+            info["passwd_home"].rstrip("/") != str(info.get("home", "")).rstrip("/"):
+        return (f"user {user} has HOME {info['passwd_home']} in /etc/passwd, not "
+                f"{info.get('home')} as the inventory says (ship stops: fix home:)")
+    return None
+
+
+def account_stops(state: LiveState) -> list[str]:
+    """The agents' accounts a ship stops on (the host's users step refuses them): a user with
+    uid 0, one whose HOME in /etc/passwd is not the inventory's, or a HOME that is not a
+    directory. One line each, as in :func:`account_problems`."""
+    stops = []
+    for user, info in sorted((state.accounts or {}).items()):
+        stop = _account_stop(user, info) if info.get("exists") else None
+        if stop:
+            stops.append(stop)
+        elif info.get("home_mode") is not None and not info.get("home_exists"):
+            stops.append(f"HOME {info.get('home')} of {user} is not a directory (ship stops "
+                         "until it is moved aside)")
+    return stops
+
+
 def account_problems(host: Host, state: LiveState) -> list[str]:
-    """What a ship would create for the agents' accounts: missing users, groups and HOMEs.
+    """What a ship would create for the agents' accounts (missing users, groups and HOMEs),
+    and what it would stop on (:func:`account_stops`).
 
     One line each, e.g. ``"user fleet-eng does not exist (ship creates it)"``.
     """
     problems = []
     for user, info in sorted((state.accounts or {}).items()):
+        stop = _account_stop(user, info) if info.get("exists") else None
         if not info.get("exists"):
             problems.append(f"user {user} does not exist (ship creates it)")
-        elif info.get("uid") == 0:
-            problems.append(f"user {user} has uid 0 in /etc/passwd: root in all but name (ship "
-                            "stops: give the agent an unprivileged user)")
-            continue
-        elif info.get("passwd_home") and \
-                info["passwd_home"].rstrip("/") != str(info.get("home", "")).rstrip("/"):
-            problems.append(f"user {user} has HOME {info['passwd_home']} in /etc/passwd, not "
-                            f"{info.get('home')} as the inventory says (ship stops: fix home:)")
+        elif stop:
+            problems.append(stop)
             continue
         elif not info.get("group_exists"):
             problems.append(f"group of user {user} does not exist (ship creates it)")

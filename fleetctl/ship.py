@@ -56,6 +56,7 @@ from fleetctl.render import render_host
 from fleetctl.results import HostResult, NoProgress, Progress, ServiceActions
 from fleetctl.scan import (
     account_problems,
+    account_stops,
     accounts_request,
     changes_for,
     desired_for,
@@ -236,7 +237,7 @@ class HostShip:
         changes = changes_for(self.blueprint, tree, state)
         found = ancestry(self.source, state.commit)
         plan = plan_ship(host, state, desired, changes, found, account_problems(host, state),
-                         options.for_host(host.name))
+                         options.for_host(host.name), account_stops(state))
         result.changes, result.release, result.previous = changes, state.current, state.current
         result.unreadable, result.warnings = state.unreadable, list(state.warnings)
         result.commit, result.ancestry, result.identity = state.commit, found, _identity_name(state)
@@ -429,7 +430,7 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
         changes = changes_for(blueprint, tree, state)
     found = ancestry(source, state.commit)
     plan = plan_ship(host, state, desired, changes, found, account_problems(host, state),
-                     options.for_host(host.name))
+                     options.for_host(host.name), account_stops(state))
     result = HostResult(host.name, "dry-run", changes, release=state.current,
                         previous=state.current, unreadable=state.unreadable,
                         plan_digest=plan.digest, warnings=list(state.warnings), dry_run=True,

@@ -5,6 +5,7 @@ import fcntl
 import os
 
 from fleetctl.host.wire import Stop, dec, os_error_text
+from fleetctl.protocol import STATE_DIR
 
 
 def lock_root(root):
@@ -97,7 +98,14 @@ def root_key(root):
 
 
 def remove_empty_root(root):
-    """Undo the creation of a root a ship made and then did not use (left alone unless empty)."""
+    """Undo the creation of a root a ship made and then did not use: the ``releases/`` and
+    state directories its prepare step made, then the root (each left alone unless empty; a
+    symlink in their place is not followed: rmdir refuses it)."""
+    for name in (b"releases", STATE_DIR.encode()):
+        try:
+            os.rmdir(os.path.join(root, name))
+        except OSError:
+            pass
     try:
         os.rmdir(root)
     except OSError:

@@ -518,8 +518,9 @@ def test_an_existing_user_with_another_home_stops_the_ship(fleet):
 @pytest.mark.parametrize("named", ["root", "alias"])
 def test_an_agent_user_with_uid_0_stops_the_ship_before_any_account(fleet, named):
     """``user: root``, or a second uid-0 entry in /etc/passwd under another name: drift names
-    it, ship stops at its users step with nothing written. (The inventory still loads: the
-    credentials audit reports ``root-user`` on it.)"""
+    it, ship and its dry run stop at the users step from the scan, with nothing sent and no root
+    created (the host program refuses it too). The inventory still loads: the credentials audit
+    reports ``root-user`` on it."""
     other = fleet.users.name("o")
     alias = fleet.users.name("uid0") if named == "alias" else "root"
     if named == "alias":
@@ -528,16 +529,24 @@ def test_an_agent_user_with_uid_0_stops_the_ship_before_any_account(fleet, named
                        capture_output=True)
     try:
         agents = {"a": {"role": "worker", "user": other}, "b": {"role": "worker", "user": alias}}
-        write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+        root = fleet.root / "new-root"  # a first ship: the root does not exist yet
+        write_inventory(fleet.inv, {"h": local_host(root, agents)})
         plan = fleet.run("drift", "--format", "json")
         assert f"user {alias} has uid 0 in /etc/passwd" in "\n".join(plan.host("h")["accounts"])
+        text = fleet.run("drift")
+        # Agent a's user and HOME are missing; b's user exists, and a ship stops on it.
+        assert "2 account(s) missing, 1 account problem(s) a ship stops on" in text.stdout
+        dry = fleet.run("ship", "--dry-run", "--format", "json")
+        assert dry.code == 2 and dry.host("h")["step"] == "users"
         run = fleet.run("ship", "--yes", "--format", "json")
         host = run.host("h")
         assert run.code == 2 and host["step"] == "users" and "/etc/passwd" in host["error"]
-        assert f"user {alias} has uid 0" in host["error"]
-        # Refused before any account was made: agent a's user was not created either.
+        assert f"user {alias} has uid 0" in host["error"] and host["sent_files"] == 0
+        assert "previous release" not in (host["hint"] or "")
+        # Stopped before any account was made (agent a's user was not created either), and
+        # before anything was sent: the root it would have created is not there.
         assert other not in {p.pw_name for p in pwd.getpwall()}
-        assert not (fleet.root / "current").exists()
+        assert not root.exists()
     finally:
         if named == "alias":
             subprocess.run(["userdel", "--force", alias], capture_output=True)

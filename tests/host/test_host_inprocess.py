@@ -203,6 +203,19 @@ def test_a_ship_called_off_after_prepare_leaves_nothing(tmp_path):
     assert os.readlink(root / "current") == "releases/r1"
 
 
+def test_a_first_ship_that_stops_at_a_step_leaves_no_root_behind(tmp_path):
+    """The root a ship created is removed again when it stops before using it, with the
+    ``releases/`` and state directories its prepare step made (before, they stayed, and with
+    them the root: an empty tree that drift then called a host with a release missing)."""
+    root = tmp_path / "new-root"
+    command = {"cmd": "ship", "release": "r1", "desired": [], "sources": {}, "blob_count": 0,
+               "users": [{"user": "root", "group": "root", "home": "/root"}]}
+    code, events = run_main({"op": "ship", "root": str(root)},
+                            frame(encode_json({"cmd": "lock"})), frame(encode_json(command)))
+    assert code == 1 and events[-1]["step"] == "users" and "uid 0" in events[-1]["message"]
+    assert not root.exists()
+
+
 # -- credentials: the leftover of an interrupted ship ------------------------------------------
 
 

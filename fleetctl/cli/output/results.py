@@ -140,7 +140,10 @@ def summary_line(result: HostResult) -> str:
         return f"{result.host}: in sync (release {result.release or 'none'}{_commit_note(result)})"
     if result.status == "drift":
         origins = sorted({c.origin for c in result.changes})
-        accounts = f", {len(result.accounts)} account(s) missing" if result.accounts else ""
+        missing = sum("(ship creates it)" in line for line in result.accounts)
+        stops = len(result.accounts) - missing
+        accounts = (f", {missing} account(s) missing" if missing else "") + (
+            f", {stops} account problem(s) a ship stops on" if stops else "")
         stale = "; stale checkout" if result.ancestry and result.ancestry.stale else ""
         return (f"{result.host}: {n} change(s) ({', '.join(origins) or 'none'}){accounts}"
                 f"{stale} (release {result.release or 'none'}{_commit_note(result)})")
