@@ -106,11 +106,13 @@ class Finding:
     capability: str | None = None
     where: str | None = None
     path: str | None = None
+    live: bool = False
+    """Found by the scan although the rule is static (``root-user``: uid 0 under another name)."""
 
     @property
     def kind(self) -> str:
         """``static`` or ``live``."""
-        return RULES[self.rule][0]
+        return "live" if self.live else RULES[self.rule][0]
 
     @property
     def severity(self) -> str:
@@ -523,11 +525,12 @@ def credential_findings(blueprint: Blueprint, host: Host, desired: Manifest,
 
 
 def home_findings(host: Host, accounts: dict[str, dict[str, Any]]) -> list[Finding]:
-    """The live rules for the agents' accounts: ``user-missing`` and ``home-readable``.
+    """The live rules for the agents' accounts: ``user-missing``, ``root-user`` (uid 0 under
+    another name than root, which only the host can tell) and ``home-readable``.
 
     Args:
         host: the host; each agent with a ``user`` is checked once per user.
-        accounts: user name → ``{"exists", "home", "home_exists", "home_mode",
+        accounts: user name → ``{"exists", "uid", "home", "home_exists", "home_mode",
             "home_owner"}`` as the scan reports them.
     """
     out = []
@@ -544,6 +547,10 @@ def home_findings(host: Host, accounts: dict[str, dict[str, Any]]) -> list[Findi
                                "not exist on the host, so no file can be owned by it",
                                agent.name))
             continue
+        if info.get("uid") == 0 and agent.user != "root":  # root by name: the static rule
+            out.append(Finding(host.name, "root-user", f"{agent.name}: user {agent.user} has "
+                               "uid 0 on the host: root under another name, which can read "
+                               "every other agent's credentials", agent.name, live=True))
         home = info.get("home") or agent.home
         if not info.get("home_exists"):
             continue

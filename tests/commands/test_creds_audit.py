@@ -304,6 +304,31 @@ def test_agents_without_their_own_user(tmp_path, project, planted, users, monkey
     assert_no_secret(planted, run.stdout, run.stderr)
 
 
+def test_a_user_with_uid_0_under_another_name_is_root_user_when_live(tmp_path, project, planted,
+                                                                    users, monkeypatch):
+    """Only the host can tell that ``user: x`` is uid 0 (a second root entry in /etc/passwd):
+    the live audit reports it as ``root-user``, kind ``live``; the static one cannot."""
+    alias = "fca" + secrets.token_hex(4)
+    subprocess.run(["useradd", "--non-unique", "--uid", "0", "--gid", "0", "--no-create-home",
+                    "--shell", "/usr/sbin/nologin", alias], check=True, capture_output=True)
+    try:
+        for suffix in ("F", "D"):
+            planted[f"Z_{suffix}"] = "v" + secrets.token_hex(16)
+            monkeypatch.setenv(f"Z_{suffix}", planted[f"Z_{suffix}"])
+        grants = clean_grants()
+        grants["forge"]["secret"], grants["database"]["secret"] = env("Z_F"), env("Z_D")
+        inv = write_inventory(tmp_path / "inv.yaml", {"h1": local_host(tmp_path / "r", {
+            "z": dev_agent(alias, **grants)})})
+        live = audit(inv, project, "-f", "json")
+        [found] = [f for f in live.doc["findings"] if f["rule"] == "root-user"]
+        assert found["agent"] == "z" and found["kind"] == "live" and "uid 0" in found["message"]
+        static = audit(inv, project, "--static", "-f", "json")
+        assert "root-user" not in {f["rule"] for f in static.doc["findings"]}
+        assert_no_secret(planted, live.stdout, live.stderr)
+    finally:
+        subprocess.run(["userdel", "--force", alias], capture_output=True)
+
+
 def test_unresolvable_secret_skips_only_the_rule_that_needs_it(tmp_path, project, planted, users):
     """A grant whose variable is unset no longer makes its host ``error``: every rule that needs
     no secret value runs on it (its broad scope is still found), ``shared-secret`` is named as
