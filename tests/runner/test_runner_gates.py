@@ -333,6 +333,47 @@ def test_the_clear_commands_work_as_pasted_with_odd_paths_and_a_state_dir(script
     assert list((state / "standing-denials").iterdir()) == []
 
 
+@pytest.mark.parametrize("last", ["denied", "error"])
+def test_the_agent_clis_result_inside_a_json_array_is_read(scripted, last):
+    """``claude -p --output-format json`` prints the session as one JSON array, the result
+    last, with ``--verbose`` or ``viewMode: verbose`` in a settings file the agent may write
+    (anthropics/claude-code#84784): its denials and its error count as in a lone result."""
+    result = DENIED_RESULT if last == "denied" else {
+        **DENIED_RESULT, "is_error": True, "subtype": "error_during_execution",
+        "permission_denials": []}
+    printed = json.dumps([{"type": "system", "subtype": "init", "session_id": "s-1"},
+                          {"type": "assistant", "message": {"content": []}}, result])
+    fleet = scripted([[{"print": printed}]], max_retries=1)
+    fleet.drop("j1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    record = fleet.record("j1", 1)
+    if last == "denied":
+        assert record["verdict"] == "denied"
+        assert [d["permission"] for d in record["denials"]] == ["tool:Bash"]
+        assert len(fleet.events("start")) == 1  # stopped at once, not retried
+    else:
+        assert fleet.gate("j1", 1, "run")["status"] == "fail"
+        assert fleet.where("j1") == ["failed"]
+
+
+def test_a_file_name_that_is_not_utf8_is_recorded_not_a_crash(scripted):
+    """An agent may create any byte string as a name. The records hold it escaped, and the
+    runner goes on (before: UnicodeEncodeError while writing the run record, then on every
+    start, the task stuck in processing/)."""
+    fleet = scripted([[{"write": "src/bad\udcffname.txt", "text": "x\n"}, {"print": "done"}]],
+                     role={"writes": ["src/"]})
+    fleet.drop("u1", kind="agent", channel=None)
+    fleet.drop("u2", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("u1") == ["done"] and fleet.where("u2") == ["done"]
+    record = fleet.record("u1", 1)
+    assert record["verdict"] == "pass"
+    assert record["changes"]["added"] == ["src/bad\udcffname.txt"]  # the byte, escaped
+    assert (fleet.workspace / "src").exists() and os.listdir(
+        os.fsencode(fleet.workspace / "src")) == [b"bad\xffname.txt"]
+
+
 def test_a_denial_only_in_the_saved_transcript_stops_the_task(scripted, tmp_path):
     home = tmp_path / "home"
     refused = {"type": "user", "message": {"role": "user", "content": [{

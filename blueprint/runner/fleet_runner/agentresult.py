@@ -72,15 +72,21 @@ class AgentReport:
 
 
 def _json_objects(text: str) -> Iterator[dict[str, Any]]:
-    """Each JSON object of ``text``: the whole text when it is one, else one per line."""
+    """Each JSON object of ``text``: the whole text when it is one; each object of the whole
+    text when it is an array (``claude -p --output-format json`` with ``--verbose``, or with
+    ``viewMode: verbose`` in a settings file the agent may write, prints the session's
+    messages as one array, the result last: anthropics/claude-code#84784); else one per line."""
     stripped = text.strip()
-    if stripped.startswith("{"):
+    if stripped.startswith(("{", "[")):
         try:
             whole = json.loads(stripped)
         except ValueError:
             whole = None
         if isinstance(whole, dict):
             yield whole
+            return
+        if isinstance(whole, list):
+            yield from (item for item in whole if isinstance(item, dict))
             return
     for line in text.splitlines():
         line = line.strip()

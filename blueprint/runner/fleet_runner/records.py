@@ -24,12 +24,22 @@ def now_iso(t: float | None = None) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` by temporary file, fsync and rename."""
+    """Write ``data`` as JSON to ``path`` by temporary file, fsync and rename.
+
+    UTF-8 text as it is; a string that cannot be UTF-8 (a file or root name that is not valid
+    UTF-8 arrives as lone surrogates) makes the whole file ASCII with ``\\u`` escapes, which
+    every JSON reader takes back. Before, such a name raised in the middle of a record and the
+    runner died on every start while the task held it.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True, ensure_ascii=False)
-        fh.write("\n")
+    text = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:
+        body = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("ascii")
+    with open(tmp, "wb") as fh:
+        fh.write(body)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
