@@ -194,6 +194,20 @@ def test_a_commit_that_leaves_the_work_tree_as_it_was_is_still_judged(make_fleet
     assert fleet.where("c1") == ["failed"]
 
 
+def test_a_replace_ref_does_not_hide_a_commit_from_the_scope_gate(make_fleet, repos):
+    """``git replace NEW OLD`` makes git show OLD's tree for NEW (found by a tryout); the
+    branch, and a push, still hold NEW's files."""
+    fleet = make_fleet("gitwork", role={"writes": ["src/"]})
+    repos.clone(fleet.workspace)
+    fleet.drop("c2", kind="agent", channel=None,
+               text=do("sneak notes/secret.txt s3cret", "git replace HEAD HEAD~1"))
+    assert fleet.run().returncode == 0
+    scope = fleet.gate("c2", 1, "scope")
+    assert scope["status"] == "fail"
+    assert scope["details"]["outside"] == ["notes/secret.txt (committed)"]
+    assert fleet.where("c2") == ["failed"]
+
+
 def test_committed_paths_follow_head_and_the_branch_it_left(repos, tmp_path):
     ws = repos.clone(tmp_path / "ws")
     start = git(ws, "rev-parse", "HEAD")

@@ -151,8 +151,10 @@ def run_as(uid: int, gid: int, home: str) -> None:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(_HOME)
+    # GIT_NO_REPLACE_OBJECTS: an agent's `git replace NEW OLD` would show the runner OLD's
+    # tree for a commit that holds NEW's (and a push sends NEW): the scope gate would pass it.
     env.update(GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_SEQUENCE_EDITOR="true",
-               GIT_MERGE_AUTOEDIT="no", LC_ALL="C")
+               GIT_MERGE_AUTOEDIT="no", LC_ALL="C", GIT_NO_REPLACE_OBJECTS="1")
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
     return env
 
