@@ -196,6 +196,48 @@ def test_mypy_cache_written_by_the_check_is_not_the_agents_change(scripted):
     assert not any(".mypy_cache" in p for p in second["changes"]["added"])
 
 
+def test_an_error_the_change_causes_in_a_file_it_did_not_touch_fails(scripted):
+    """Changing what ``foo`` returns breaks its caller in b.py, which the task did not touch:
+    that error was not there at the baseline, so it is the change's, not existing debt (found
+    by a tryout: it passed as debt). The legacy error in old.py still is debt."""
+    mypy = f"{_need(MYPY)} --cache-dir=/dev/null --ignore-missing-imports ."
+    fleet = scripted([[{"write": "a.py", "text": "def foo() -> str:\n    return 'x'\n"},
+                       {"print": "done"}],
+                      [{"write": "a.py", "text": "def foo() -> int:\n    return 2\n"},
+                       {"print": "done"}]],
+                     check=mypy, max_retries=1, workspace_files={
+                         "a.py": "def foo() -> int:\n    return 1\n",
+                         "b.py": "from a import foo\n\nx: int = foo()\n",
+                         "old.py": "y: int = 'legacy'\n"})
+    fleet.drop("c9", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    first = fleet.gate("c9", 1, "check")
+    assert first["status"] == "fail"
+    [caused] = first["details"]["caused_errors"]
+    assert caused.startswith("b.py:3:") and "Incompatible types" in caused
+    assert first["details"]["existing_debt_count"] == 2  # b.py's new one and old.py's
+    second_prompt = fleet.events("start")[1]["prompt"]
+    assert "not there when the task started" in second_prompt and "b.py:3:" in second_prompt
+    second = fleet.gate("c9", 2, "check")
+    assert second["status"] == "pass" and "existing debt: 1 error(s)" in second["summary"]
+    assert fleet.where("c9") == ["done"]
+
+
+def test_a_check_that_fails_on_warnings_alone_fails_on_them(scripted):
+    """shellcheck -f gcc (or eslint --max-warnings 0) exits 1 on warnings: in a file the task
+    wrote they are what failed, not "0 errors of existing debt" (found by a tryout)."""
+    check = ("printf '%s\\n' 'run.sh:1:4: warning: Use \"${var:?}\" to fail if empty "
+             "[SC2115]'; exit 1")
+    fleet = scripted([[{"write": "run.sh", "text": "rm -rf $var/\n"}, {"print": "done"}]],
+                     role={"checks": [{"command": check, "format": "gnu"}]})
+    fleet.drop("w1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    gate = fleet.gate("w1", 1, "check")
+    assert gate["status"] == "fail" and "1 error(s) in files this task changed" in gate["summary"]
+    assert "run.sh:1:4: warning: Use" in gate["output"]
+    assert fleet.where("w1") == ["failed"]
+
+
 def test_role_declared_check_leftovers_are_not_changes(scripted):
     check = "mkdir -p build && date +%s%N > build/stamp && test -f src/ok"
     fleet = scripted([[{"write": "src/a.txt", "text": "a\n"}, {"print": "done"}],

@@ -17,7 +17,11 @@ words are never a success signal.
     → fail; an error in a changed file → fail (the feedback lists only those, with
     workspace-relative paths); an error whose path cannot be placed in the workspace
     (:func:`fleet_runner.checkparse.place`) → fault; no diagnostic, or lines the parser does
-    not understand → fault; else pass, the errors being *existing debt*. A fault
+    not understand → fault; else pass, the errors being *existing debt*. A checker that
+    failed with warnings only failed on them: they are judged as errors would be. Existing
+    debt is what the same check reported at the task's baseline (run once before the first
+    attempt): an error in an untouched file that was not there then is the change's, and
+    fails. A fault
     (``details["fault"]``) is the host's or the role's: the task stops and is escalated.
 ``anti-silence``
     for a task from a human: the reply CLI must have recorded a send for the task. Skipped for
@@ -198,6 +202,8 @@ PLAIN_ENV = {"NO_COLOR": "1", "TERM": "dumb", "CLICOLOR": "0", "CI": "1"}
 COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "MYPY_FORCE_COLOR",
                   "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 """Removed from every check's environment: each makes some tool colour its output anyway."""
+DEBT_KEYS_MAX = 20000
+"""The most errors of one check kept from a task's baseline (more: not compared)."""
 CANNOT_RUN_STATUSES = (126, 127)
 """Exit statuses of ``sh -c`` when the command is not executable or not found."""
 
@@ -221,7 +227,8 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                timeout_s: float, kill_grace_s: float, output_path: Path,
                env: Mapping[str, str],
                should_stop: Callable[[], str | None] | None = None,
-               user: tuple[int, int] | None = None, cwd_was_there: bool = False) -> GateResult:
+               user: tuple[int, int] | None = None, cwd_was_there: bool = False,
+               baseline_debt: Sequence[str] | None = None) -> GateResult:
     """Run one check over the workspace and judge it diff-aware (module docstring).
 
     Args:
@@ -240,6 +247,10 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
             ``None``.
         cwd_was_there: the check's directory held files at the task's baseline: when it is
             gone, the task removed it (a failure the agent can undo), not a fault.
+        baseline_debt: the errors this check reported at the task's baseline
+            (:func:`baseline_debt`, ``details["debt_keys"]``), or ``None`` when not known: an
+            error in a file the task did not change passes as existing debt only when it was
+            there then (in an untouched file its line cannot have moved).
 
     Returns:
         The gate's result. ``output`` is what the next attempt is told: only the errors in
@@ -294,9 +305,12 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
         return result(FAIL, f"the check {where} exited {inv.exit_status}", tail_text_of(text))
     parsed = parse_checker_output(text)
     placed = place_diagnostics(parsed.diagnostics, touched, workspace, cwd)
-    new_errors = [d for d in placed.inside if d.severity == ERROR]
-    unplaced_errors = [d for d in placed.unplaced if d.severity == ERROR]
-    debt = [d for d in placed.outside if d.severity == ERROR]
+    # A checker that failed with warnings only (shellcheck, eslint --max-warnings 0) failed on
+    # them: they are what must be placed, or its non-zero exit would pass unexplained.
+    failing = ERROR if any(d.severity == ERROR for d in parsed.diagnostics) else None
+    new_errors = [d for d in placed.inside if failing is None or d.severity == failing]
+    unplaced_errors = [d for d in placed.unplaced if failing is None or d.severity == failing]
+    debt = [d for d in placed.outside if failing is None or d.severity == failing]
 
     def shown(diag: Diagnostic) -> str:
         col = f"{diag.col}:" if diag.col is not None else ""
@@ -304,10 +318,15 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
 
     details.update(
         new_errors=[shown(d) for d in new_errors[:LIST_MAX]], new_error_count=len(new_errors),
-        warnings=[shown(d) for d in placed.inside if d.severity != ERROR][:LIST_MAX],
+        warnings=[shown(d) for d in placed.inside if failing is not None
+                  and d.severity != ERROR][:LIST_MAX],
         existing_debt=[shown(d) for d in debt[:LIST_MAX]], existing_debt_count=len(debt),
         unplaced=_listed(unplaced_errors), unplaced_count=len(unplaced_errors),
-        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed))
+        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed),
+        debt_keys=[shown(d) for d in debt[:DEBT_KEYS_MAX]] if len(debt) <= DEBT_KEYS_MAX
+        else None)
+    caused = [] if baseline_debt is None else [
+        d for d in debt if shown(d) not in set(baseline_debt)]
     if new_errors:
         feedback = (f"The check {where} reports {len(new_errors)} error(s) in files this task "
                     "changed (paths relative to the workspace):\n"
@@ -324,8 +343,32 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
         return result(FAIL, f"the check {where} exited {inv.exit_status} with output the gate "
                       f"cannot parse ({len(parsed.unparsed)} unparsed line(s)): counted as a "
                       "failure, never a pass", raw, fault=True)
+    if caused:
+        details.update(caused_errors=[shown(d) for d in caused[:LIST_MAX]],
+                       caused_error_count=len(caused))
+        feedback = (f"The check {where} reports {len(caused)} error(s) in files this task did "
+                    "not change that were not there when the task started: your change caused "
+                    "them (paths relative to the workspace):\n"
+                    + "".join(f"  {shown(d)}\n" for d in caused))
+        return result(FAIL, f"{len(caused)} new error(s) in files this task did not change: "
+                      + "; ".join(details["caused_errors"][:3]),
+                      head_text(feedback, OUTPUT_MAX_BYTES))
+    known = "" if baseline_debt is not None else " (not compared with the baseline: unknown)"
     return result(PASS, f"the check {where} exited {inv.exit_status}, but only on existing "
-                  f"debt: {len(debt)} error(s) in files this task did not change")
+                  f"debt: {len(debt)} error(s) in files this task did not change{known}")
+
+
+def baseline_debt(result: GateResult) -> list[str] | None:
+    """The errors a check reported on the workspace at a task's baseline (run there with no
+    touched files, so every error is debt), to judge later attempts by (``baseline_debt`` of
+    :func:`check_gate`); ``None`` when that run did not say (it failed, timed out, could not
+    be parsed or placed, or listed more than :data:`DEBT_KEYS_MAX` errors)."""
+    if result.status == PASS:
+        keys = result.details.get("debt_keys")
+        if result.details.get("exit_status") == 0:
+            return []
+        return list(keys) if isinstance(keys, list) else None
+    return None
 
 
 def tail_text_of(text: str, max_bytes: int = OUTPUT_MAX_BYTES) -> str:

@@ -44,7 +44,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +259,9 @@ class _Task:
     (a baseline written by an older runner, not in a synced repository)."""
     deferred: bool = False
     """The sync was put off (a failed fetch): the message goes back to the inbox."""
+    check_debt: list[list[str] | None] = field(default_factory=list)
+    """Per declared check, the errors it reported at the baseline, or ``None`` when not known
+    (:func:`fleet_runner.gates.baseline_debt`)."""
 
 
 class Runner:
@@ -576,8 +579,11 @@ class Runner:
             syncing = reposync.read_sentinel(self.paths.sync_sentinel)
             if syncing and syncing.get("task") == message.id:
                 reposync.remove_file(self.paths.sync_sentinel)
+        check_debt: list[list[str] | None] = []
         if isinstance(stored, dict) and isinstance(stored.get("files"), dict):
             baseline, git_start = stored["files"], stored.get("git")
+            debt = stored.get("check_debt")
+            check_debt = list(debt) if isinstance(debt, list) else []
         elif isinstance(stored, dict):  # written by an older runner: the files only
             baseline, git_start = stored, None
             after = (progress.sync or {}).get("after")
@@ -585,15 +591,44 @@ class Runner:
                 git_start = {"repo": True, "head": after, "branch": config.sync.branch}
         else:
             git_start = self._git_start()
+            # Before the snapshot, so that what these runs leave is part of the baseline.
+            check_debt = self._baseline_checks(config, task_dir)
             baseline = take_snapshot(self.paths.workspace)
             if config.writes is not None:
                 # Copies of what the run may not change, to undo a change it makes anyway.
                 store_baseline(self.paths.workspace, baseline, compile_scope(config.writes),
                                task_dir / BASELINE_STORE)
-            write_json_atomic(baseline_path, {"files": baseline, "git": git_start})
+            write_json_atomic(baseline_path, {"files": baseline, "git": git_start,
+                                              "check_debt": check_debt})
         if not progress.attempts:
             progress.save()
-        return _Task(message, path, progress, config, release, task_dir, baseline, git_start)
+        return _Task(message, path, progress, config, release, task_dir, baseline, git_start,
+                     check_debt=check_debt)
+
+    def _check_environment(self) -> dict[str, str]:
+        """The environment every check runs with (plain output, caches out of the workspace,
+        the agent user's HOME with two users)."""
+        env = gates.check_env({**os.environ, "FLEET_WORKSPACE": os.fspath(self.paths.workspace)},
+                              cache_dir=self._check_cache)
+        if self.users is not None:
+            env.update(HOME=self.users.home, USER=self.users.name, LOGNAME=self.users.name)
+        return env
+
+    def _baseline_checks(self, config: AgentConfig, task_dir: Path) -> list[list[str] | None]:
+        """Run each declared check once on the workspace as the task finds it: the errors it
+        reports then are the existing debt later attempts are judged against
+        (:func:`fleet_runner.gates.baseline_debt`); ``None`` for a check that did not say."""
+        out: list[list[str] | None] = []
+        for i, spec in enumerate(config.checks or ()):
+            result = gates.check_gate(
+                spec, self.paths.workspace, (), timeout_s=self.options.check_timeout_s,
+                kill_grace_s=self.options.kill_grace_s,
+                output_path=task_dir / (f"baseline.check-{i + 1}.out"),
+                env=self._check_environment(), should_stop=lambda: self.stop_reason,
+                user=self._as_user)
+            out.append(gates.baseline_debt(result))
+        reap_orphans()
+        return out
 
     def _git_start(self) -> dict[str, Any]:
         """Where HEAD is at the baseline, for the commits check of the scope gate."""
@@ -969,12 +1004,7 @@ class Runner:
             verdict = DENIED
         else:
             results = [gates.run_gate(inv, report=report)]
-            check_env = gates.check_env({**os.environ, "FLEET_WORKSPACE":
-                                         os.fspath(self.paths.workspace)},
-                                        cache_dir=self._check_cache)
-            if self.users is not None:
-                check_env.update(HOME=self.users.home, USER=self.users.name,
-                                 LOGNAME=self.users.name)
+            check_env = self._check_environment()
             for i, spec in enumerate(config.checks or (None,)):
                 results.append(gates.check_gate(
                     spec, self.paths.workspace, changes.touched,
@@ -984,7 +1014,8 @@ class Runner:
                                             else f"attempt-{n}.check-{i + 1}.out"),
                     env=check_env, should_stop=lambda: self.stop_reason,
                     user=self._as_user, cwd_was_there=spec is not None and any(
-                        p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline)))
+                        p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline),
+                    baseline_debt=task.check_debt[i] if i < len(task.check_debt) else None))
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
