@@ -238,6 +238,26 @@ def test_a_check_that_fails_on_warnings_alone_fails_on_them(scripted):
     assert fleet.where("w1") == ["failed"]
 
 
+def test_a_cache_file_the_agent_writes_itself_is_its_change(scripted):
+    """Only what the checks wrote is their leftover: a ``pytest.pyc`` the agent planted (which
+    ``python -m pytest`` would run instead of pytest) is the agent's change, outside its scope,
+    and undone (found by a tryout: it was taken for a check's leftover and kept)."""
+    fleet = scripted([[{"write": "src/a.py", "text": "x = 1\n"},
+                       {"write": "pytest.pyc", "text": "planted\n"},
+                       {"write": "src/__pycache__/a.cpython-311.pyc", "text": "also\n"},
+                       {"print": "done"}]],
+                     role={"checks": [{"command": "python3 -c 'import sys'", "format": "exit"}],
+                           "writes": ["src/*.py"]})
+    fleet.drop("l1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    record = fleet.record("l1", 1)
+    assert record["failed_gates"] == ["scope"]
+    assert record["check_leftovers"] == []
+    assert sorted(fleet.gate("l1", 1, "scope")["details"]["outside"]) == [
+        "pytest.pyc (added)", "src/__pycache__/a.cpython-311.pyc (added)"]
+    assert not (fleet.workspace / "pytest.pyc").exists()  # undone
+
+
 def test_role_declared_check_leftovers_are_not_changes(scripted):
     check = "mkdir -p build && date +%s%N > build/stamp && test -f src/ok"
     fleet = scripted([[{"write": "src/a.txt", "text": "a\n"}, {"print": "done"}],

@@ -43,7 +43,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ from fleet_runner.records import (
     write_json_atomic,
 )
 from fleet_runner.scope import compile_scope
-from fleet_runner.snapshot import Changes, diff_snapshots, take_snapshot
+from fleet_runner.snapshot import Changes, diff_snapshots, same, take_snapshot
 from fleet_runner.tokens import TOKEN_COUNTER, count_tokens
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 from fleet_runner.undo import store_baseline, undo_changes
@@ -116,20 +116,48 @@ start the agent's processes as its user (SETUID, SETGID), give it its directorie
 (CHOWN), read, snapshot and restore its files (DAC_OVERRIDE, FOWNER: modes), end its processes
 (KILL), and see which program sends through the evidence socket (SYS_PTRACE: another user's
 ``/proc/PID/exe``). The systemd unit's ``CapabilityBoundingSet=`` is exactly these."""
+CHECK_WRITTEN = "check-written.json"
+"""In a task's directory: what its checks wrote in the workspace (:func:`check_written`)."""
 RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
 
 
-def without_leftovers(changes: Changes, declared: Sequence[str] = ()) -> tuple[Changes,
-                                                                                list[str]]:
-    """``changes`` without what the checks write (:data:`fleet_runner.gates.CHECK_LEFTOVERS`
-    and the role's ``check_leftovers``), and the paths taken out, sorted."""
+def without_leftovers(changes: Changes, declared: Sequence[str] = (),
+                      written: Mapping[str, str] | None = None,
+                      now: Mapping[str, str] | None = None) -> tuple[Changes, list[str]]:
+    """``changes`` without what the checks wrote (paths matching
+    :data:`fleet_runner.gates.CHECK_LEFTOVERS` or the role's ``check_leftovers``), and the
+    paths taken out, sorted.
+
+    With ``written`` (path → fingerprint of what the task's check runs left, as seen right
+    after them) and ``now`` (the snapshot ``changes`` ends at), such a path is taken out only
+    when the checks wrote it and nothing changed it since (or it is gone): a ``*.pyc`` or a
+    ``__pycache__/`` the agent itself wrote is its change, judged by scope and undone (a
+    planted ``pytest.pyc`` ran instead of the check: found by a tryout). Without them (a
+    task begun by an older runner), every path matching the patterns is taken out."""
     leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
-    kept = [tuple(p for p in paths if not leftovers.allows(p))
+
+    def checks_wrote(path: str) -> bool:
+        if not leftovers.allows(path):
+            return False
+        if written is None or now is None:
+            return True
+        return path in written and (path not in now or same(written[path], now[path]))
+
+    kept = [tuple(p for p in paths if not checks_wrote(p))
             for paths in (changes.added, changes.modified, changes.removed)]
     dropped = sorted(p for paths in (changes.added, changes.modified, changes.removed)
-                     for p in paths if leftovers.allows(p))
+                     for p in paths if checks_wrote(p))
     return Changes(*kept), dropped
+
+
+def check_written(before: Mapping[str, str], after: Mapping[str, str],
+                  declared: Sequence[str] = ()) -> dict[str, str]:
+    """The paths matching the leftover patterns that the checks changed between the snapshots
+    ``before`` and ``after`` their runs, with their fingerprints after."""
+    leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+    return {p: fp for p, fp in after.items()
+            if leftovers.allows(p) and (p not in before or not same(before[p], fp))}
 
 
 def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
@@ -262,6 +290,9 @@ class _Task:
     check_debt: list[list[str] | None] = field(default_factory=list)
     """Per declared check, the errors it reported at the baseline, or ``None`` when not known
     (:func:`fleet_runner.gates.baseline_debt`)."""
+    check_written: dict[str, str] | None = None
+    """What the checks of the task's attempts wrote (:func:`check_written`), or ``None`` for a
+    task begun by an older runner (:func:`without_leftovers`)."""
 
 
 class Runner:
@@ -580,12 +611,16 @@ class Runner:
             if syncing and syncing.get("task") == message.id:
                 reposync.remove_file(self.paths.sync_sentinel)
         check_debt: list[list[str] | None] = []
+        written: dict[str, str] | None = {}
         if isinstance(stored, dict) and isinstance(stored.get("files"), dict):
             baseline, git_start = stored["files"], stored.get("git")
             debt = stored.get("check_debt")
             check_debt = list(debt) if isinstance(debt, list) else []
+            saved = read_json(task_dir / CHECK_WRITTEN)
+            written = saved if isinstance(saved, dict) else {} if "check_debt" in stored \
+                else None
         elif isinstance(stored, dict):  # written by an older runner: the files only
-            baseline, git_start = stored, None
+            baseline, git_start, written = stored, None, None
             after = (progress.sync or {}).get("after")
             if after and config.sync:
                 git_start = {"repo": True, "head": after, "branch": config.sync.branch}
@@ -603,7 +638,7 @@ class Runner:
         if not progress.attempts:
             progress.save()
         return _Task(message, path, progress, config, release, task_dir, baseline, git_start,
-                     check_debt=check_debt)
+                     check_debt=check_debt, check_written=written)
 
     def _check_environment(self) -> dict[str, str]:
         """The environment every check runs with (plain output, caches out of the workspace,
@@ -977,8 +1012,10 @@ class Runner:
             self._mark_interrupted(task, write_ledger=False, inv=inv)
             return STOPPED
 
-        all_changes = diff_snapshots(task.baseline, take_snapshot(self.paths.workspace))
-        changes, leftovers = without_leftovers(all_changes, config.check_leftovers)
+        after = take_snapshot(self.paths.workspace)
+        all_changes = diff_snapshots(task.baseline, after)
+        changes, leftovers = without_leftovers(all_changes, config.check_leftovers,
+                                               task.check_written, after)
         report = read_agent_report(inv.stdout_path, agent_env)
         # The scope this attempt is judged by: the role's, plus what earlier attempts were
         # granted on request; this attempt's own request counts from the next one.
@@ -1016,6 +1053,11 @@ class Runner:
                     user=self._as_user, cwd_was_there=spec is not None and any(
                         p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline),
                     baseline_debt=task.check_debt[i] if i < len(task.check_debt) else None))
+            if config.checks and task.check_written is not None:
+                # What the checks wrote now is theirs at the next attempt, unless changed.
+                task.check_written.update(check_written(
+                    after, take_snapshot(self.paths.workspace), config.check_leftovers))
+                write_json_atomic(task.dir / CHECK_WRITTEN, task.check_written)
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
