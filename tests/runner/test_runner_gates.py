@@ -258,6 +258,21 @@ def test_a_cache_file_the_agent_writes_itself_is_its_change(scripted):
     assert not (fleet.workspace / "pytest.pyc").exists()  # undone
 
 
+def test_a_checker_config_the_agent_writes_in_its_home_does_not_reach_the_check(scripted):
+    """``~/.config/mypy/config`` with ``ignore_errors`` silenced mypy for this task and every
+    later one (found by a tryout): each check run has a new, empty HOME."""
+    mypy = f"{_need(MYPY)} --ignore-missing-imports ."
+    fleet = scripted([[{"write": "$HOME/.config/mypy/config",
+                        "text": "[mypy]\nignore_errors = True\n"},
+                       {"write": "a.py", "text": "x: int = 'a'\n"}, {"print": "done"}]],
+                     check=mypy)
+    fleet.drop("h1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    gate = fleet.gate("h1", 1, "check")
+    assert gate["status"] == "fail" and "a.py:1:" in gate["output"]
+    assert list((fleet.state / "check-runs").iterdir()) == []  # each run's directory removed
+
+
 def test_role_declared_check_leftovers_are_not_changes(scripted):
     check = "mkdir -p build && date +%s%N > build/stamp && test -f src/ok"
     fleet = scripted([[{"write": "src/a.txt", "text": "a\n"}, {"print": "done"}],

@@ -38,12 +38,15 @@ message left in ``processing/`` finishes it first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +119,8 @@ start the agent's processes as its user (SETUID, SETGID), give it its directorie
 (CHOWN), read, snapshot and restore its files (DAC_OVERRIDE, FOWNER: modes), end its processes
 (KILL), and see which program sends through the evidence socket (SYS_PTRACE: another user's
 ``/proc/PID/exe``). The systemd unit's ``CapabilityBoundingSet=`` is exactly these."""
+CHECK_RUNS_DIR = "check-runs"
+"""Under ``STATE``: one new directory per check run, its HOME and tool caches, removed after."""
 CHECK_WRITTEN = "check-written.json"
 """In a task's directory: what its checks wrote in the workspace (:func:`check_written`)."""
 RETRY_BACKOFF_MAX_S = 120.0
@@ -640,14 +645,40 @@ class Runner:
         return _Task(message, path, progress, config, release, task_dir, baseline, git_start,
                      check_debt=check_debt, check_written=written)
 
-    def _check_environment(self) -> dict[str, str]:
-        """The environment every check runs with (plain output, caches out of the workspace,
-        the agent user's HOME with two users)."""
-        env = gates.check_env({**os.environ, "FLEET_WORKSPACE": os.fspath(self.paths.workspace)},
-                              cache_dir=self._check_cache)
-        if self.users is not None:
-            env.update(HOME=self.users.home, USER=self.users.name, LOGNAME=self.users.name)
-        return env
+    @contextlib.contextmanager
+    def _check_environment(self) -> Iterator[dict[str, str]]:
+        """The environment of one check run: plain output, and a HOME and tool caches of its
+        own, new and empty (``STATE/check-runs/<random>/``, the agent user's with two users),
+        removed afterwards.
+
+        Fresh for every run because the agent may write anything it can reach: a config in
+        its own HOME (``~/.config/mypy/config`` with ``ignore_errors``) or a crafted entry in a
+        cache the checks kept from run to run (bytecode, mypy's cache) would decide what the
+        next check reports. Its processes are gone before a check starts, and the directory's
+        name is drawn after that. ``PYTHONNOUSERSITE`` keeps the agent user's site-packages
+        out too.
+        """
+        parent = self.paths.state / CHECK_RUNS_DIR
+        os.makedirs(parent, mode=0o711, exist_ok=True)
+        os.chmod(parent, 0o711)
+        where = Path(tempfile.mkdtemp(prefix="run-", dir=parent))
+        try:
+            home = where / "home"
+            os.mkdir(home, 0o700)
+            if self.users is not None:
+                for path in (where, home):
+                    os.chown(path, self.users.uid, self.users.gid)
+            env = gates.check_env({**os.environ,
+                                   "FLEET_WORKSPACE": os.fspath(self.paths.workspace)},
+                                  cache_dir=where / "cache")
+            env.update(HOME=os.fspath(home), PYTHONNOUSERSITE="1")
+            for name in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+                env.pop(name, None)
+            if self.users is not None:
+                env.update(USER=self.users.name, LOGNAME=self.users.name)
+            yield env
+        finally:
+            shutil.rmtree(where, ignore_errors=True)  # never follows a symlink out
 
     def _baseline_checks(self, config: AgentConfig, task_dir: Path) -> list[list[str] | None]:
         """Run each declared check once on the workspace as the task finds it: the errors it
@@ -655,12 +686,12 @@ class Runner:
         (:func:`fleet_runner.gates.baseline_debt`); ``None`` for a check that did not say."""
         out: list[list[str] | None] = []
         for i, spec in enumerate(config.checks or ()):
-            result = gates.check_gate(
-                spec, self.paths.workspace, (), timeout_s=self.options.check_timeout_s,
-                kill_grace_s=self.options.kill_grace_s,
-                output_path=task_dir / (f"baseline.check-{i + 1}.out"),
-                env=self._check_environment(), should_stop=lambda: self.stop_reason,
-                user=self._as_user)
+            with self._check_environment() as env:
+                result = gates.check_gate(
+                    spec, self.paths.workspace, (), timeout_s=self.options.check_timeout_s,
+                    kill_grace_s=self.options.kill_grace_s,
+                    output_path=task_dir / (f"baseline.check-{i + 1}.out"),
+                    env=env, should_stop=lambda: self.stop_reason, user=self._as_user)
             out.append(gates.baseline_debt(result))
         reap_orphans()
         return out
@@ -852,11 +883,6 @@ class Runner:
         return self._agent_dir / "sends-claimed.jsonl" if self.users is not None \
             else self.paths.sends_log
 
-    @property
-    def _check_cache(self) -> Path:
-        return self._agent_dir / "check-cache" if self.users is not None \
-            else self.paths.check_cache
-
     def _agent_files(self, task: _Task) -> Path:
         """The task's files the agent writes or reads (calls log, MCP config, scope request):
         ``runs/<task>/`` with one user, ``STATE/agent/<task>/`` (the agent's) with two."""
@@ -1041,18 +1067,19 @@ class Runner:
             verdict = DENIED
         else:
             results = [gates.run_gate(inv, report=report)]
-            check_env = self._check_environment()
             for i, spec in enumerate(config.checks or (None,)):
-                results.append(gates.check_gate(
-                    spec, self.paths.workspace, changes.touched,
-                    timeout_s=self.options.check_timeout_s,
-                    kill_grace_s=self.options.kill_grace_s,
-                    output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
-                                            else f"attempt-{n}.check-{i + 1}.out"),
-                    env=check_env, should_stop=lambda: self.stop_reason,
-                    user=self._as_user, cwd_was_there=spec is not None and any(
-                        p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline),
-                    baseline_debt=task.check_debt[i] if i < len(task.check_debt) else None))
+                with self._check_environment() as check_env:
+                    results.append(gates.check_gate(
+                        spec, self.paths.workspace, changes.touched,
+                        timeout_s=self.options.check_timeout_s,
+                        kill_grace_s=self.options.kill_grace_s,
+                        output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
+                                                else f"attempt-{n}.check-{i + 1}.out"),
+                        env=check_env, should_stop=lambda: self.stop_reason,
+                        user=self._as_user, cwd_was_there=spec is not None and any(
+                            p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline),
+                        baseline_debt=task.check_debt[i] if i < len(task.check_debt)
+                        else None))
             if config.checks and task.check_written is not None:
                 # What the checks wrote now is theirs at the next attempt, unless changed.
                 task.check_written.update(check_written(

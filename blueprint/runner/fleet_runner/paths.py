@@ -109,11 +109,6 @@ class AgentPaths:
         return self.state / "standing-denials"
 
     @property
-    def check_cache(self) -> Path:
-        """Where the checks' tools keep their caches, out of the workspace (gates.check_env)."""
-        return self.state / "check-cache"
-
-    @property
     def in_progress(self) -> Path:
         """The in-progress sentinel of a task in a synced repository (reposync.py)."""
         return self.state / "in-progress.json"
