@@ -128,6 +128,28 @@ def test_sync_fast_forwards_rebases_and_puts_its_own_leftovers_back(make_fleet, 
     assert [line.split()[0] for line in _stashes(ws)] == [person_stash]
 
 
+def test_commits_a_force_push_removed_are_not_brought_back(make_fleet, repos):
+    """A person pushed a secret, the agent's workspace fetched it, the person took it back
+    with a force-push: a rebase would replay it as the agent's commit and its next push would
+    restore it (found by a tryout). Refused, nothing touched, a person decides."""
+    fleet = make_fleet("gitwork", role=SYNC)
+    leak = repos.push("leak.txt", "s3cret\n")
+    ws = repos.clone(fleet.workspace)
+    git(repos.person, "reset", "-q", "--hard", "HEAD~1")
+    (repos.person / "news.md").write_text("news\n")  # a new commit on top, force-pushed
+    git(repos.person, "add", "news.md")
+    git(repos.person, "commit", "-q", "-m", "person: news")
+    git(repos.person, "push", "-q", "--force", "origin", "main")
+    fleet.drop("f9", kind="agent", channel=None, text=do("write x.txt x"))
+    assert fleet.run().returncode == 0
+    assert fleet.events("start") == []  # the agent never ran
+    [notice] = fleet.notices()
+    assert notice["kind"] == "refused" and "was rewritten (force-pushed)" in notice["reason"]
+    assert leak[:12] in notice["reason"]
+    assert git(ws, "rev-parse", "HEAD") == leak  # nothing touched
+    assert (ws / "leak.txt").exists() and _stashes(ws) == []
+
+
 def test_a_person_s_uncommitted_change_refuses_the_task(make_fleet, repos):
     fleet = make_fleet("gitwork", role=SYNC)
     ws = repos.clone(fleet.workspace)

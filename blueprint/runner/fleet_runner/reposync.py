@@ -655,6 +655,10 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
             stash = made["stash"] = {"id": stash_id, "message": message, "state": "kept"}
             _write_sync_sentinel(sentinel, **{**marks, "stash_id": stash_id})
     try:
+        known_upstream: str | None = head_of(workspace, upstream_ref)  # before the fetch
+    except GitError:
+        known_upstream = None  # never fetched
+    try:
         fetch = git(workspace, "fetch", "--quiet", "--no-tags", sync.remote,
                     f"+refs/heads/{sync.branch}:{upstream_ref}", check=False)
         fetch_error = (fetch.stderr or fetch.stdout).strip() if fetch.returncode else None
@@ -666,6 +670,17 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
         return SyncResult(status, f"git fetch {sync.remote} {sync.branch} failed: not synced"
                           + kept, before=before, stash=stash, detail=fetch_error)
     upstream = head_of(workspace, upstream_ref)
+    dropped = _dropped_by_remote(workspace, known_upstream, upstream)
+    if dropped:
+        # A rebase would replay them as the agent's own commits, and its next push would put
+        # back what a person removed from the remote (a force-push).
+        kept = _apply_back(workspace, before, stash)
+        shown = ", ".join(c[:12] for c in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
+        return SyncResult(REFUSED, f"{sync.remote}/{sync.branch} was rewritten (force-pushed): "
+                          f"{len(dropped)} commit(s) it no longer has are in this workspace's "
+                          f"history ({shown}); syncing would bring them back as the agent's "
+                          "own: not synced, a person decides" + kept, before=before,
+                          stash=stash, upstream=upstream)
     ahead, behind = (int(n) for n in _out(
         workspace, "rev-list", "--left-right", "--count", f"HEAD...{upstream_ref}").split())
     action = "none"
@@ -712,6 +727,20 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
         summary += f"; {made['lock']}"
     return SyncResult(SYNCED, summary, before=before, after=after, action=action,
                       upstream=upstream, stash=stash)
+
+
+def _dropped_by_remote(workspace: Path, known: str | None, upstream: str | None) -> list[str]:
+    """The commits the remote branch had at the last fetch (``known``), no longer has now
+    (``upstream``: it was rewritten) and this workspace's HEAD still contains, oldest first;
+    ``[]`` when the branch only moved forward, or nothing is known."""
+    if not known or not upstream or known == upstream:
+        return []
+    if git(workspace, "merge-base", "--is-ancestor", known, upstream,
+           check=False).returncode == 0:
+        return []
+    gone = set(_out(workspace, "rev-list", known, f"^{upstream}").split())
+    local = _out(workspace, "rev-list", "--reverse", "HEAD", f"^{upstream}").split()
+    return [c for c in local if c in gone]
 
 
 def _no_hints(done: subprocess.CompletedProcess) -> str:
