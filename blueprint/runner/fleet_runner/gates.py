@@ -228,7 +228,8 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                env: Mapping[str, str],
                should_stop: Callable[[], str | None] | None = None,
                user: tuple[int, int] | None = None, cwd_was_there: bool = False,
-               baseline_debt: Sequence[str] | None = None) -> GateResult:
+               baseline_debt: Sequence[str] | None = None,
+               keep_debt_keys: bool = False) -> GateResult:
     """Run one check over the workspace and judge it diff-aware (module docstring).
 
     Args:
@@ -251,6 +252,8 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
             (:func:`baseline_debt`, ``details["debt_keys"]``), or ``None`` when not known: an
             error in a file the task did not change passes as existing debt only when it was
             there then (in an untouched file its line cannot have moved).
+        keep_debt_keys: put every error of the debt in ``details["debt_keys"]`` (for
+            :func:`baseline_debt`; left out of attempts' records, where it could be long).
 
     Returns:
         The gate's result. ``output`` is what the next attempt is told: only the errors in
@@ -322,9 +325,9 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
                   and d.severity != ERROR][:LIST_MAX],
         existing_debt=[shown(d) for d in debt[:LIST_MAX]], existing_debt_count=len(debt),
         unplaced=_listed(unplaced_errors), unplaced_count=len(unplaced_errors),
-        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed),
-        debt_keys=[shown(d) for d in debt[:DEBT_KEYS_MAX]] if len(debt) <= DEBT_KEYS_MAX
-        else None)
+        unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed))
+    if keep_debt_keys:
+        details["debt_keys"] = [shown(d) for d in debt] if len(debt) <= DEBT_KEYS_MAX else None
     caused = [] if baseline_debt is None else [
         d for d in debt if shown(d) not in set(baseline_debt)]
     if new_errors:

@@ -691,7 +691,8 @@ class Runner:
                     spec, self.paths.workspace, (), timeout_s=self.options.check_timeout_s,
                     kill_grace_s=self.options.kill_grace_s,
                     output_path=task_dir / (f"baseline.check-{i + 1}.out"),
-                    env=env, should_stop=lambda: self.stop_reason, user=self._as_user)
+                    env=env, should_stop=lambda: self.stop_reason, user=self._as_user,
+                    keep_debt_keys=True)
             out.append(gates.baseline_debt(result))
         reap_orphans()
         return out
