@@ -273,6 +273,37 @@ def test_a_checker_config_the_agent_writes_in_its_home_does_not_reach_the_check(
     assert list((fleet.state / "check-runs").iterdir()) == []  # each run's directory removed
 
 
+def test_warnings_that_were_there_at_the_baseline_stay_debt_once_the_errors_are_fixed(
+        scripted):
+    """At the baseline the check fails on an error (a.sh) and also warns about legacy.sh; the
+    agent fixes a.sh, and the check then fails on the old warning alone: debt, not the
+    change's (a review found it blamed on the agent)."""
+    check = ("if grep -q bad a.sh; then echo 'a.sh:1:1: error: bad'; fi; "
+             "echo 'legacy.sh:2:1: warning: old'; exit 1")
+    fleet = scripted([[{"write": "a.sh", "text": "good\n"}, {"print": "done"}]],
+                     role={"checks": [{"command": check, "format": "gnu"}]},
+                     workspace_files={"a.sh": "bad\n", "legacy.sh": "x\ny\n"})
+    fleet.drop("w2", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    gate = fleet.gate("w2", 1, "check")
+    assert gate["status"] == "pass" and "existing debt" in gate["summary"], gate
+    assert fleet.where("w2") == ["done"]
+
+
+def test_a_file_named_check_runs_in_the_state_is_not_followed(scripted):
+    """A dangling symlink where the check runs' directory goes (one user: the agent can
+    write the state) was a crash on every start; it is removed, never followed."""
+    fleet = scripted([[{"write": "a.txt", "text": "x\n"}, {"print": "done"}]],
+                     role={"checks": [{"command": "true", "format": "exit"}]})
+    fleet.state.mkdir(parents=True, exist_ok=True)
+    (fleet.state / "check-runs").symlink_to("/nonexistent/elsewhere")
+    fleet.drop("s1", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.where("s1") == ["done"]
+    assert (fleet.state / "check-runs").is_dir() and not (fleet.state / "check-runs").is_symlink()
+
+
 def test_role_declared_check_leftovers_are_not_changes(scripted):
     check = "mkdir -p build && date +%s%N > build/stamp && test -f src/ok"
     fleet = scripted([[{"write": "src/a.txt", "text": "a\n"}, {"print": "done"}],
@@ -431,6 +462,19 @@ def test_the_agent_clis_result_inside_a_json_array_is_read(scripted, last):
     else:
         assert fleet.gate("j1", 1, "run")["status"] == "fail"
         assert fleet.where("j1") == ["failed"]
+
+
+def test_a_name_that_is_not_utf8_outside_the_scope_is_fed_back_escaped(scripted):
+    """The scope gate names it in the next attempt's prompt: written escaped (a review found
+    the prompt's write raised, on every start)."""
+    fleet = scripted([[{"write": "notes/bad\udcffname.txt", "text": "x\n"}, {"print": "done"}],
+                      [{"print": "done"}]], role={"writes": ["src/"]}, max_retries=1)
+    fleet.drop("u3", kind="agent", channel=None)
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.record("u3", 1)["failed_gates"] == ["scope"]
+    assert "notes/bad\\udcffname.txt" in fleet.events("start")[1]["prompt"]
+    assert fleet.where("u3") == ["done"]
 
 
 def test_a_file_name_that_is_not_utf8_is_recorded_not_a_crash(scripted):

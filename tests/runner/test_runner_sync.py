@@ -148,6 +148,18 @@ def test_commits_a_force_push_removed_are_not_brought_back(make_fleet, repos):
     assert leak[:12] in notice["reason"]
     assert git(ws, "rev-parse", "HEAD") == leak  # nothing touched
     assert (ws / "leak.txt").exists() and _stashes(ws) == []
+    # The next task too, although the refused fetch (or the agent's own) moved the
+    # workspace's remote-tracking ref: the runner keeps what it compares with.
+    git(ws, "fetch", "-q", "origin")
+    fleet.drop("f10", kind="agent", channel=None, text=do("write y.txt y"))
+    assert fleet.run().returncode == 0
+    assert fleet.events("start") == [] and fleet.where("f10") == ["failed"]
+    assert git(ws, "rev-parse", "HEAD") == leak
+    # A person decides: the workspace back on the remote; the next task runs.
+    git(ws, "reset", "-q", "--hard", "origin/main")
+    fleet.drop("f11", kind="agent", channel=None, text=do("write z.txt z"))
+    assert fleet.run().returncode == 0
+    assert fleet.where("f11") == ["done"]
 
 
 def test_a_person_s_uncommitted_change_refuses_the_task(make_fleet, repos):

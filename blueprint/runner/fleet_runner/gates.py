@@ -327,9 +327,13 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
         unplaced=_listed(unplaced_errors), unplaced_count=len(unplaced_errors),
         unparsed=list(parsed.unparsed[:LIST_MAX]), unparsed_count=len(parsed.unparsed))
     if keep_debt_keys:
-        details["debt_keys"] = [shown(d) for d in debt] if len(debt) <= DEBT_KEYS_MAX else None
-    caused = [] if baseline_debt is None else [
-        d for d in debt if shown(d) not in set(baseline_debt)]
+        # Every diagnostic, warnings too: a later run that fails on warnings alone (its errors
+        # fixed) is judged by them.
+        every = placed.outside
+        details["debt_keys"] = [shown(d) for d in every] if len(every) <= DEBT_KEYS_MAX \
+            else None
+    known_debt = set(baseline_debt) if baseline_debt is not None else None
+    caused = [] if known_debt is None else [d for d in debt if shown(d) not in known_debt]
     if new_errors:
         feedback = (f"The check {where} reports {len(new_errors)} error(s) in files this task "
                     "changed (paths relative to the workspace):\n"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -183,6 +184,29 @@ def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _check_key(spec: Any) -> str:
+    """A check, by what it runs: its baseline debt follows it when a new release reorders the
+    role's checks."""
+    return json.dumps([spec.command, spec.cwd, spec.format])
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove ``path`` and all in it, never following a symlink out; a directory a tool made
+    read-only (Go's module cache: 0555) is made writable first, so it goes too."""
+    def retry(function: Callable[..., Any], failed: str, _exc: Any) -> None:
+        parent = os.path.dirname(failed)
+        if not os.path.islink(parent):
+            os.chmod(parent, 0o700)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            os.chmod(failed, 0o700)
+        function(failed)
+
+    try:
+        shutil.rmtree(path, onerror=retry)
+    except OSError as exc:
+        _log("-", f"could not remove {path}: {exc}")
+
+
 def not_root_refusal(agent_user: str) -> str | None:
     """Why a runner that is not root (uid 0) must not start the agent as ``agent_user``, or
     ``None`` when it is root. A runner of another uid holds its capabilities as ambient ones
@@ -292,9 +316,9 @@ class _Task:
     (a baseline written by an older runner, not in a synced repository)."""
     deferred: bool = False
     """The sync was put off (a failed fetch): the message goes back to the inbox."""
-    check_debt: list[list[str] | None] = field(default_factory=list)
-    """Per declared check, the errors it reported at the baseline, or ``None`` when not known
-    (:func:`fleet_runner.gates.baseline_debt`)."""
+    check_debt: dict[str, list[str] | None] = field(default_factory=dict)
+    """Per declared check (:func:`_check_key`), the errors it reported at the baseline, or
+    ``None`` when not known (:func:`fleet_runner.gates.baseline_debt`)."""
     check_written: dict[str, str] | None = None
     """What the checks of the task's attempts wrote (:func:`check_written`), or ``None`` for a
     task begun by an older runner (:func:`without_leftovers`)."""
@@ -561,6 +585,8 @@ class Runner:
             self.log(f"task {message.id}: duplicate of a finished task, moved to {dest}")
             return "duplicate"
         task = self._open_task(message, path, progress, task_dir)
+        if task is None:  # stopped while the baseline was being taken
+            return STOPPED
         if task.deferred:
             return self._defer(task)
         if progress.final:
@@ -591,7 +617,7 @@ class Runner:
         return self._decide(task, GAVE_UP)
 
     def _open_task(self, message: Message, path: Path, progress: TaskProgress,
-                   task_dir: Path) -> _Task:
+                   task_dir: Path) -> _Task | None:
         release = Path(os.path.realpath(self.paths.release))
         config_path = Path(self.paths.config)
         try:
@@ -615,12 +641,12 @@ class Runner:
             syncing = reposync.read_sentinel(self.paths.sync_sentinel)
             if syncing and syncing.get("task") == message.id:
                 reposync.remove_file(self.paths.sync_sentinel)
-        check_debt: list[list[str] | None] = []
+        check_debt: dict[str, list[str] | None] = {}
         written: dict[str, str] | None = {}
         if isinstance(stored, dict) and isinstance(stored.get("files"), dict):
             baseline, git_start = stored["files"], stored.get("git")
             debt = stored.get("check_debt")
-            check_debt = list(debt) if isinstance(debt, list) else []
+            check_debt = dict(debt) if isinstance(debt, dict) else {}
             saved = read_json(task_dir / CHECK_WRITTEN)
             written = saved if isinstance(saved, dict) else {} if "check_debt" in stored \
                 else None
@@ -631,8 +657,14 @@ class Runner:
                 git_start = {"repo": True, "head": after, "branch": config.sync.branch}
         else:
             git_start = self._git_start()
-            # Before the snapshot, so that what these runs leave is part of the baseline.
-            check_debt = self._baseline_checks(config, task_dir)
+            refused = progress.sync is not None and progress.sync.get("status") in (
+                reposync.REFUSED, reposync.CONFLICT)
+            # Before the snapshot, so that what these runs leave is part of the baseline; not
+            # for a task the sync refused (it never runs).
+            check_debt = {} if refused else self._baseline_checks(config, task_dir)
+            if self.stop_reason:
+                # A check cut short said nothing: the next start takes the baseline again.
+                return None
             baseline = take_snapshot(self.paths.workspace)
             if config.writes is not None:
                 # Copies of what the run may not change, to undo a change it makes anyway.
@@ -659,6 +691,8 @@ class Runner:
         out too.
         """
         parent = self.paths.state / CHECK_RUNS_DIR
+        if os.path.islink(parent) or (os.path.lexists(parent) and not parent.is_dir()):
+            os.unlink(parent)  # not the runner's: never followed, never written through
         os.makedirs(parent, mode=0o711, exist_ok=True)
         os.chmod(parent, 0o711)
         where = Path(tempfile.mkdtemp(prefix="run-", dir=parent))
@@ -678,13 +712,15 @@ class Runner:
                 env.update(USER=self.users.name, LOGNAME=self.users.name)
             yield env
         finally:
-            shutil.rmtree(where, ignore_errors=True)  # never follows a symlink out
+            _remove_tree(where)
 
-    def _baseline_checks(self, config: AgentConfig, task_dir: Path) -> list[list[str] | None]:
+    def _baseline_checks(self, config: AgentConfig,
+                         task_dir: Path) -> dict[str, list[str] | None]:
         """Run each declared check once on the workspace as the task finds it: the errors it
         reports then are the existing debt later attempts are judged against
-        (:func:`fleet_runner.gates.baseline_debt`); ``None`` for a check that did not say."""
-        out: list[list[str] | None] = []
+        (:func:`fleet_runner.gates.baseline_debt`), by :func:`_check_key`; ``None`` for a check
+        that did not say."""
+        out: dict[str, list[str] | None] = {}
         for i, spec in enumerate(config.checks or ()):
             with self._check_environment() as env:
                 result = gates.check_gate(
@@ -693,7 +729,7 @@ class Runner:
                     output_path=task_dir / (f"baseline.check-{i + 1}.out"),
                     env=env, should_stop=lambda: self.stop_reason, user=self._as_user,
                     keep_debt_keys=True)
-            out.append(gates.baseline_debt(result))
+            out[_check_key(spec)] = gates.baseline_debt(result)
         reap_orphans()
         return out
 
@@ -760,10 +796,14 @@ class Runner:
         sync = config.sync
         if sync is None:  # the caller syncs only a role with ``sync``
             return False
+        synced = read_json(self.paths.synced_upstream)
+        known = synced.get("commit") if isinstance(synced, dict) and [
+            synced.get("remote"), synced.get("branch")] == [sync.remote, sync.branch] else None
         result = reposync.sync_workspace(
             self.paths.workspace, sync, agent=self.paths.agent, task=message.id,
             leftover=leftover if isinstance(leftover, dict) else None,
-            sentinel=self.paths.sync_sentinel)
+            sentinel=self.paths.sync_sentinel,
+            known_upstream=known if isinstance(known, str) else None)
         if result.recovered:
             self.log(f"task {message.id}: {result.recovered}")
         if result.status == reposync.RETRY:
@@ -780,6 +820,13 @@ class Runner:
         progress.save()
         reposync.remove_file(self.paths.sync_sentinel)
         self.log(f"task {message.id}: sync {result.status}: {result.summary}")
+        # What the next sync compares a rewritten remote with: the commit this one went
+        # through to, or, refused for a rewrite, the one before it (refused until a person
+        # decides, whatever the workspace's remote-tracking ref says by then).
+        compare = result.upstream if result.status == reposync.SYNCED else result.rewritten_from
+        if compare:
+            write_json_atomic(self.paths.synced_upstream, {
+                "remote": sync.remote, "branch": sync.branch, "commit": compare})
         if result.status == reposync.SYNCED:
             reposync.remove_file(self.paths.sync_leftover)  # applied back: now this task's
             reposync.write_sentinel(self.paths.in_progress, task=message.id,
@@ -972,7 +1019,9 @@ class Runner:
             writes=config.writes, granted=scoperequest.grants(task.dir)["granted"],
             scope_file=os.fspath(self._agent_files(task) / scoperequest.REQUEST_FILE))
         full_prompt = prefix.text + "\n\n" + task_prompt
-        (task.dir / f"attempt-{n}.prompt.txt").write_text(full_prompt, "utf-8")
+        # A file name that is not UTF-8 (in the feedback of a gate) is shown escaped.
+        prompt_bytes = full_prompt.encode("utf-8", "backslashreplace")
+        (task.dir / f"attempt-{n}.prompt.txt").write_bytes(prompt_bytes)
         prefix_tokens, counter, exact = counted_prefix(
             prefix.components, task.release / "agents" / self.paths.agent / PREFIX_COUNTS)
         entry: dict[str, Any] = {
@@ -1016,7 +1065,7 @@ class Runner:
                 calls_log=calls_log)
         started = time.monotonic()
         inv = run_in_group(
-            argv, stdin=full_prompt.encode("utf-8"), cwd=self.paths.workspace,
+            argv, stdin=prompt_bytes, cwd=self.paths.workspace,
             env=agent_env, timeout_s=config.timeout_s,
             kill_grace_s=self.options.kill_grace_s,
             stdout_path=task.dir / f"attempt-{n}.stdout",
@@ -1079,8 +1128,8 @@ class Runner:
                         env=check_env, should_stop=lambda: self.stop_reason,
                         user=self._as_user, cwd_was_there=spec is not None and any(
                             p.startswith(spec.cwd.rstrip("/") + "/") for p in task.baseline),
-                        baseline_debt=task.check_debt[i] if i < len(task.check_debt)
-                        else None))
+                        baseline_debt=task.check_debt.get(_check_key(spec))
+                        if spec is not None else None))
             if config.checks and task.check_written is not None:
                 # What the checks wrote now is theirs at the next attempt, unless changed.
                 task.check_written.update(check_written(

@@ -124,6 +124,12 @@ class AgentPaths:
         return self.state / "sync-leftover.json"
 
     @property
+    def synced_upstream(self) -> Path:
+        """The remote branch's commit at the last sync that went through (reposync.py): out
+        of the agent's reach, unlike the workspace's remote-tracking ref."""
+        return self.state / "sync-upstream.json"
+
+    @property
     def lock(self) -> Path:
         """Held (flock) by the runner serving this agent."""
         return self.state / "lock"

@@ -108,6 +108,8 @@ class SyncResult:
         dirty: uncommitted paths behind a refusal, ``"XY path"`` as ``git status`` shows them.
         detail: git's own output behind a refusal or conflict.
         recovered: what was undone of a sync a crash cut short before this one, or ``None``.
+        rewritten_from: when the sync was refused because the remote branch was rewritten,
+            the commit it had before (what the next sync must compare with again).
     """
 
     status: str
@@ -121,6 +123,7 @@ class SyncResult:
     dirty: list[str] = field(default_factory=list)
     detail: str = ""
     recovered: str | None = None
+    rewritten_from: str | None = None
 
     @property
     def runs(self) -> bool:
@@ -446,7 +449,8 @@ def _restore(workspace: Path, before: str, stash_id: str | None) -> str:
 
 def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
                    leftover: dict[str, Any] | None,
-                   sentinel: Path | None = None) -> SyncResult:
+                   sentinel: Path | None = None,
+                   known_upstream: str | None = None) -> SyncResult:
     """Sync the workspace repository before task ``task`` (module docstring, steps 1-5).
 
     Args:
@@ -459,6 +463,9 @@ def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
         sentinel: the sync sentinel's path (module docstring), or ``None`` for none. When it
             names ``task``, the sync it records was cut short by a crash: that is undone first.
             The caller removes it once the result is recorded.
+        known_upstream: the remote branch's commit at the last sync that went through, as
+            the runner recorded it, or ``None`` (then the remote-tracking ref before the
+            fetch): commits the remote had then and has no more are not brought back.
 
     Returns:
         The result; a git failure is a ``"refused"`` result, never an exception.
@@ -473,7 +480,7 @@ def sync_workspace(workspace: Path, sync: SyncConfig, *, agent: str, task: str,
             if isinstance(undone, SyncResult):
                 return undone
             recovered = undone
-        result = _sync(workspace, sync, agent, task, leftover, made, sentinel)
+        result = _sync(workspace, sync, agent, task, leftover, made, sentinel, known_upstream)
         result.recovered = recovered
         return result
     except GitError as exc:
@@ -606,7 +613,7 @@ def _remote_is_missing(workspace: Path, sync: SyncConfig, detail: str) -> bool:
 
 def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
           leftover: dict[str, Any] | None, made: dict[str, Any],
-          sentinel: Path | None = None) -> SyncResult:
+          sentinel: Path | None = None, known: str | None = None) -> SyncResult:
     if not is_repo_top(workspace):
         return SyncResult(SKIPPED, f"sync is set but the workspace {workspace} is not the top of "
                           "a git work tree: not synced")
@@ -654,10 +661,12 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
         if stash_id:
             stash = made["stash"] = {"id": stash_id, "message": message, "state": "kept"}
             _write_sync_sentinel(sentinel, **{**marks, "stash_id": stash_id})
-    try:
-        known_upstream: str | None = head_of(workspace, upstream_ref)  # before the fetch
-    except GitError:
-        known_upstream = None  # never fetched
+    known_upstream = known
+    if known_upstream is None:
+        try:
+            known_upstream = head_of(workspace, upstream_ref)  # before the fetch moves it
+        except GitError:
+            known_upstream = None  # never fetched
     try:
         fetch = git(workspace, "fetch", "--quiet", "--no-tags", sync.remote,
                     f"+refs/heads/{sync.branch}:{upstream_ref}", check=False)
@@ -680,7 +689,7 @@ def _sync(workspace: Path, sync: SyncConfig, agent: str, task: str,
                           f"{len(dropped)} commit(s) it no longer has are in this workspace's "
                           f"history ({shown}); syncing would bring them back as the agent's "
                           "own: not synced, a person decides" + kept, before=before,
-                          stash=stash, upstream=upstream)
+                          stash=stash, upstream=upstream, rewritten_from=known_upstream)
     ahead, behind = (int(n) for n in _out(
         workspace, "rev-list", "--left-right", "--count", f"HEAD...{upstream_ref}").split())
     action = "none"
@@ -735,6 +744,8 @@ def _dropped_by_remote(workspace: Path, known: str | None, upstream: str | None)
     ``[]`` when the branch only moved forward, or nothing is known."""
     if not known or not upstream or known == upstream:
         return []
+    if git(workspace, "cat-file", "-e", f"{known}^{{commit}}", check=False).returncode != 0:
+        return []  # not in this repository (a recorded commit of another clone)
     if git(workspace, "merge-base", "--is-ancestor", known, upstream,
            check=False).returncode == 0:
         return []
