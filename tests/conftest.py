@@ -7,6 +7,16 @@ import pytest
 pytest_plugins = ["tests.ssh_fixtures", "tests.runner_python"]
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores this process may use, at most 4 (pytest-xdist
+    hook). The tests spend a quarter of their time waiting on processes they start (sshd
+    boxes, runners, fake agents): a third worker on 2 cores took the runner's tests from 48 s
+    to 43 s."""
+    import os
+
+    return min(4, len(os.sched_getaffinity(0)) + 1)
+
+
 @pytest.fixture(autouse=True)
 def isolated_user(tmp_path_factory, monkeypatch):
     """No ~/.ssh/config, known_hosts, agent or fleetctl settings from the real user leak in."""
