@@ -69,13 +69,20 @@ def account_stops(state: LiveState) -> list[str]:
     directory. One line each, as in :func:`account_problems`."""
     stops = []
     for user, info in sorted((state.accounts or {}).items()):
-        stop = _account_stop(user, info) if info.get("exists") else None
+        stop = (_account_stop(user, info) if info.get("exists") else None) or \
+            _home_stop(user, info)
         if stop:
             stops.append(stop)
-        elif info.get("home_mode") is not None and not info.get("home_exists"):
-            stops.append(f"HOME {info.get('home')} of {user} is not a directory (ship stops "
-                         "until it is moved aside)")
     return stops
+
+
+def _home_stop(user: str, info: dict[str, Any]) -> str | None:
+    """The line for a HOME that exists and is not a directory (a file or a symlink), else
+    ``None``."""
+    if info.get("home_mode") is not None and not info.get("home_exists"):
+        return (f"HOME {info.get('home')} of {user} is not a directory (ship stops until it is "
+                "moved aside)")
+    return None
 
 
 def account_problems(host: Host, state: LiveState) -> list[str]:
@@ -94,9 +101,9 @@ def account_problems(host: Host, state: LiveState) -> list[str]:
             continue
         elif not info.get("group_exists"):
             problems.append(f"group of user {user} does not exist (ship creates it)")
-        if info.get("home_mode") is not None and not info.get("home_exists"):
-            problems.append(f"HOME {info.get('home')} of {user} is not a directory (ship stops "
-                            "until it is moved aside)")
+        home_stop = _home_stop(user, info)
+        if home_stop:
+            problems.append(home_stop)
         elif not info.get("home_exists"):
             problems.append(f"HOME {info.get('home')} of {user} does not exist (ship creates it)")
     return problems

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = ["tests.ssh_fixtures", "tests.runner_python"]
@@ -37,3 +39,27 @@ def real_users():
         yield users
     finally:
         users.cleanup()
+
+
+@pytest.fixture
+def login_user():
+    """A fresh login user (shell /bin/sh, HOME made, unlocked: sshd without PAM refuses the
+    locked account useradd leaves), as its ``pwd`` entry; deleted with its HOME afterwards,
+    tried until it works (a session process may not have exited yet, slowly when busy)."""
+    import pwd
+    import secrets
+    import shutil
+    import subprocess
+
+    from tests.helpers import wait_until
+
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd")
+    name = "flu" + secrets.token_hex(4)
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
+        yield pwd.getpwnam(name)
+    finally:
+        wait_until(lambda: subprocess.run(["userdel", "-r", name], capture_output=True)
+                   .returncode in (0, 6), poll_s=0.1, what=f"userdel -r {name}")  # 6: no such user

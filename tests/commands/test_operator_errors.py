@@ -38,6 +38,15 @@ def broken_line(box) -> str:
     return f"{names} {kind} {key[:-3]}"
 
 
+
+def _drift_two_boxes(tmp_path, sshd_pool, key, known, bp):
+    """``fleetctl drift --format json`` over hosts web1 and web2 (the pool's first two boxes,
+    roots r1 and r2) with the known_hosts file ``known``: ``(inventory, run)``."""
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "web1": ssh_host(sshd_pool[0], key, known, tmp_path / "r1"),
+        "web2": ssh_host(sshd_pool[1], key, known, tmp_path / "r2")})
+    return inv, cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+
 def test_a_malformed_known_hosts_line_is_skipped_with_file_and_line(tmp_path, sshd_pool,
                                                                     ssh_client_key):
     """known_hosts: line 1 a comment, line 2 box0 fine, line 3 box1's key damaged. web1
@@ -48,10 +57,7 @@ def test_a_malformed_known_hosts_line_is_skipped_with_file_and_line(tmp_path, ss
     known = tmp_path / "known_hosts"
     known.write_text(f"# fleet hosts\n{sshd_pool[0].known_hosts_line()}\n"
                      f"{broken_line(sshd_pool[1])}\n")
-    inv = write_inventory(tmp_path / "inv.yaml", {
-        "web1": ssh_host(sshd_pool[0], ssh_client_key, known, tmp_path / "r1"),
-        "web2": ssh_host(sshd_pool[1], ssh_client_key, known, tmp_path / "r2")})
-    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    inv, run = _drift_two_boxes(tmp_path, sshd_pool, ssh_client_key, known, bp)
     assert run.code == 2, run.stdout + run.stderr
     web1, web2 = run.host("web1"), run.host("web2")
     assert web1["status"] == "drift", web1  # never shipped: reached and scanned
@@ -217,10 +223,7 @@ def test_a_revoked_key_is_refused_even_where_another_line_lists_it(tmp_path, ssh
     known = tmp_path / "known_hosts"
     known.write_text(f"{sshd_pool[0].known_hosts_line()}\n@revoked * {key0}\n"
                      f"{sshd_pool[1].known_hosts_line()}\n@cert-authority *.example {key0}\n")
-    inv = write_inventory(tmp_path / "inv.yaml", {
-        "web1": ssh_host(sshd_pool[0], ssh_client_key, known, tmp_path / "r1"),
-        "web2": ssh_host(sshd_pool[1], ssh_client_key, known, tmp_path / "r2")})
-    run = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+    inv, run = _drift_two_boxes(tmp_path, sshd_pool, ssh_client_key, known, bp)
     assert run.code == 2, run.stdout + run.stderr
     web1, web2 = run.host("web1"), run.host("web2")
     assert web1["status"] == "error"

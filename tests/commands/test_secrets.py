@@ -347,25 +347,31 @@ def _gone(pid: int) -> bool:
 
 
 def test_command_killed_after_timeout_with_its_children(tmp_path):
-    # The grandchild says it runs (its pid in a file) before the command starts its endless wait,
-    # so the test knows which process must die with the group: no guess at how long it takes.
-    pid_file = tmp_path / "grandchild.pid"
+    # The grandchild writes its pid (so the test knows which process must die with the group),
+    # then tells the command on a pipe, which the command blocks on before its endless wait.
     # Both wait with signal.pause(): for nothing, until they are killed.
-    child = (f"import os, signal; open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
-             f"os.rename({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); signal.pause()")
-    script = ("import os, signal, subprocess, sys, time\n"
-              f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
-              f"while not os.path.exists({str(pid_file)!r}):\n"
-              "    time.sleep(0.01)\n"
+    pid_file = tmp_path / "grandchild.pid"
+    child = (f"import os, signal; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+             "print('started', flush=True); signal.pause()")
+    script = ("import signal, subprocess, sys\n"
+              f"child = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              "stdout=subprocess.PIPE)\n"
+              "child.stdout.readline()\n"
               "signal.pause()\n")
-    started = time.monotonic()
-    with pytest.raises(InputError) as info:
-        resolve_secret(CommandSource(command=(PY, "-c", script), timeout_s=5), tmp_path, {})
-    assert time.monotonic() - started < 120  # not held up by a command that waits forever
-    assert "did not finish within 5 s" in info.value.message
-    # 5 s is ample for two interpreters to start even on a busy machine; without the pid file
-    # the command was killed before its grandchild ran, and nothing here would be tested.
-    assert pid_file.exists(), "the grandchild had not started within the 5 s timeout"
+    # The timeout must come after the grandchild started: short at first, doubled only while a
+    # busy machine had the command killed before that (no fixed guess at how long it takes).
+    timeout_s = 1
+    while True:
+        started = time.monotonic()
+        with pytest.raises(InputError) as info:
+            resolve_secret(CommandSource(command=(PY, "-c", script), timeout_s=timeout_s),
+                           tmp_path, {})
+        assert time.monotonic() - started < 120  # not held up by a command that waits forever
+        assert f"did not finish within {timeout_s} s" in info.value.message
+        if pid_file.exists() and pid_file.read_text():
+            break
+        assert timeout_s < 32, "the grandchild never started before the timeout"
+        timeout_s *= 2
     grandchild = int(pid_file.read_text())
     # It went with its group (it meant to wait forever).
     assert wait_until(lambda: _gone(grandchild), what="the grandchild to be gone")

@@ -30,6 +30,7 @@ import yaml
 from tests.helpers import (build_tree, cli, git, local_host, make_project, snapshot, ssh_host,
                            write_inventory)
 from tests.runner.test_runner_clis import open_base  # noqa: F401  (a fixture)
+from tests.runner.test_runner_users import setpriv_caps
 
 UNIT_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "fleet-runner.service.j2"
 U1, U2 = "fleet-runner-a1.service", "fleet-runner-a2.service"
@@ -541,7 +542,7 @@ def test_the_unit_run_as_systemd_would_serves_with_two_users(open_base):
     [workdir] = [v.lstrip("-") for k, v in lines if k == "WorkingDirectory"]
     # The unit's capability bounding set, applied as systemd applies it: root keeps only those.
     [bounding] = [v.split() for k, v in lines if k == "CapabilityBoundingSet"]
-    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in bounding)
+    keep = setpriv_caps(bounding)
     start = ["setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--no-new-privs",
              "--", *start]
     umask = os.umask(0o077)

@@ -117,6 +117,16 @@ def churn():
             proc.wait()
 
 
+def _credential_project(where: Path, file_name: str = "key.env.j2") -> Path:
+    """A committed project whose one role, ``worker``, is granted capability ``lk``: one
+    credential file, ``file_name`` (a template of the secret)."""
+    import yaml
+
+    cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
+           file_name: "KEY={{ secret }}\n"}
+    return make_project(where, {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
+                        roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+
 def test_files_vanishing_during_the_scan_are_not_errors(tmp_path, sshd_pool, ssh_client_key,
                                                         ssh_known_hosts, churn):
     """Temp files and a directory created and deleted under ``current`` while drift scans over
@@ -246,16 +256,11 @@ def test_revoking_credentials_never_empties_a_mount_inside_them(
     its files was unlinked through the mount, then the ship failed with EBUSY.)"""
     import tempfile
 
-    import yaml
-
     base = Path(tempfile.mkdtemp(prefix="fleetctl-credmount-"))
     os.chmod(base, 0o755)
     try:
         root = base / "box"
-        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
-               "key.env.j2": "KEY={{ secret }}\n"}
-        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
-                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        bp = _credential_project(tmp_path / "proj")
         user = real_users.name("cm")
         monkeypatch.setenv("LK_SECRET", "s3cret")
 
@@ -343,17 +348,12 @@ def test_a_refused_credential_fix_names_the_credential_file(
     the host, ``credentials`` and the file (before: no path)."""
     import tempfile
 
-    import yaml
-
     base = Path(tempfile.mkdtemp(prefix="fleetctl-credfix-"))
     os.chmod(base, 0o755)
     target = None
     try:
         root = base / "box"
-        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
-               "key.env.j2": "KEY={{ secret }}\n"}
-        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
-                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        bp = _credential_project(tmp_path / "proj")
         monkeypatch.setenv("LK_SECRET", "s3cret")
         agents = {"a": {"role": "worker", "user": real_users.name("cf"),
                         "grants": {"lk": {"scope": {}, "secret": {"env": "LK_SECRET"}}}}}
@@ -391,8 +391,6 @@ def test_a_credential_file_with_a_242_byte_name_ships_rotates_and_leaves_nothing
     "File name too long".)"""
     import tempfile
 
-    import yaml
-
     from fleetctl.credentials import LEFTOVER_PREFIX
     from fleetctl.host.credentials import CREDS_NEW
     from fleetctl.host.files import temp_name
@@ -402,10 +400,7 @@ def test_a_credential_file_with_a_242_byte_name_ships_rotates_and_leaves_nothing
     os.chmod(base, 0o755)  # the agent's user must reach its directory
     try:
         root = base / "box"
-        cap = {"capability.yaml": yaml.safe_dump({"scope": {"type": "object"}}),
-               LONG_NAME + ".j2": "KEY={{ secret }}\n"}
-        bp = make_project(tmp_path / "proj", {"runner": {"run": "r\n"}, "credentials": {"lk": cap}},
-                          roles={"worker": {"prompt": "w", "capabilities": ["lk"]}})
+        bp = _credential_project(tmp_path / "proj", LONG_NAME + ".j2")
         user = real_users.name("lk")
         agents = {"a": {"role": "worker", "user": user,
                         "grants": {"lk": {"scope": {}, "secret": {"env": "LK_SECRET"}}}}}

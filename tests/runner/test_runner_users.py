@@ -30,6 +30,19 @@ def _two_users(fleet, user: pwd.struct_passwd) -> None:
     os.chown(fleet.log, user.pw_uid, user.pw_gid)
 
 
+def _agent_user_fleet(real_users, open_base, make_fleet, fake: str):
+    """A fleet whose agent is a new real user's (workspace and log its own): ``(fleet, user)``."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet(fake, base=open_base)
+    _two_users(fleet, user)
+    return fleet, user
+
+
+def setpriv_caps(caps) -> str:
+    """``CAP_KILL``-style names as util-linux's setpriv takes them: ``+kill,+...``."""
+    return ",".join("+" + c.lower().removeprefix("cap_") for c in caps)
+
+
 def _sends(fleet) -> list[dict]:
     path = fleet.state / "sends.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
@@ -37,9 +50,7 @@ def _sends(fleet) -> list[dict]:
 
 @needs_root
 def test_a_reply_counts_when_the_runner_recorded_it(real_users, open_base, make_fleet):
-    user = pwd.getpwnam(real_users.create("agent"))
-    fleet = make_fleet("replier", base=open_base)
-    _two_users(fleet, user)
+    fleet, user = _agent_user_fleet(real_users, open_base, make_fleet, "replier")
     fleet.drop("h1", text="What is 6 x 7?")
     done = fleet.run("--agent-user", user.pw_name)
     assert done.returncode == 0, done.stderr
@@ -64,9 +75,7 @@ def test_a_reply_counts_when_the_runner_recorded_it(real_users, open_base, make_
 
 @needs_root
 def test_a_forged_send_fails_anti_silence(real_users, open_base, make_fleet):
-    user = pwd.getpwnam(real_users.create("agent"))
-    fleet = make_fleet("forges_send", base=open_base)
-    _two_users(fleet, user)
+    fleet, user = _agent_user_fleet(real_users, open_base, make_fleet, "forges_send")
     fleet.drop("h2", text="What is 6 x 7?")
     done = fleet.run("--agent-user", user.pw_name)
     assert done.returncode == 0, done.stderr
@@ -85,9 +94,7 @@ def test_state_left_by_a_one_user_runner_is_taken_back(real_users, open_base, ma
     """A host upgraded from the unit that ran the runner as the agent's user: the state is the
     agent's. With --agent-user the runner gives the records, ledger, spools and evidence to
     itself, and the agent's own directories (with what is in them) to the agent user."""
-    user = pwd.getpwnam(real_users.create("agent"))
-    fleet = make_fleet("replier", base=open_base)
-    _two_users(fleet, user)
+    fleet, user = _agent_user_fleet(real_users, open_base, make_fleet, "replier")
     old = {  # what a one-user runner left, relative to STATE
         "ledger.jsonl": '{"task": "t0"}\n', "sends.jsonl": "", "runs/t0/attempt-1.json": "{}",
         "done/1-t0.json": "{}", "agent/sends-claimed.jsonl": "", "outbox/m0.json": "{}"}
@@ -164,7 +171,7 @@ def test_the_units_capabilities_are_enough_to_undo_and_to_end_the_agents_process
     script = open_base / "script.json"
     script.write_text(json.dumps({"attempts": [[
         {"chmod": "docs/guide.md", "mode": "0777"}, {"escape": 300}, {"sleep": 600}]]}))
-    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set())
+    keep = setpriv_caps(_unit_bounding_set())
 
     def build(base, timeout_s):
         base.mkdir(mode=0o755)
@@ -203,12 +210,9 @@ def test_a_runner_without_a_capability_it_needs_says_so_at_start(real_users, ope
     """Without CAP_KILL a timed-out agent of another user could not be ended (the runner
     waited on it for ever); without CAP_SYS_PTRACE every send through the socket would be
     refused. Exit 2 at start, naming it; the task stays in the inbox."""
-    user = pwd.getpwnam(real_users.create("agent"))
-    fleet = make_fleet("replier", base=open_base)
-    _two_users(fleet, user)
+    fleet, user = _agent_user_fleet(real_users, open_base, make_fleet, "replier")
     fleet.drop("c1", text="What is 6 x 7?")
-    keep = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set()
-                    if c != dropped)
+    keep = setpriv_caps(c for c in _unit_bounding_set() if c != dropped)
     fleet.runner_prefix = ("setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--")
     done = fleet.run("--agent-user", user.pw_name)
     assert done.returncode == 2, done.stderr
@@ -223,11 +227,9 @@ def test_a_runner_that_is_not_root_is_refused_even_with_the_capabilities(real_us
     systemd's AmbientCapabilities= give them) would pass them on to the agent, which could
     then write the runner's ledger (seen in a tryout): exit 2 before anything is touched."""
     runner_user = pwd.getpwnam(real_users.create("runner"))
-    agent = pwd.getpwnam(real_users.create("agent"))
-    fleet = make_fleet("replier", base=open_base)
-    _two_users(fleet, agent)
+    fleet, agent = _agent_user_fleet(real_users, open_base, make_fleet, "replier")
     fleet.drop("n1", text="What is 6 x 7?")
-    caps = ",".join("+" + c.lower().removeprefix("cap_") for c in _unit_bounding_set())
+    caps = setpriv_caps(_unit_bounding_set())
     fleet.runner_prefix = ("setpriv", f"--reuid={runner_user.pw_uid}",
                            f"--regid={runner_user.pw_gid}", "--clear-groups",
                            f"--inh-caps={caps}", f"--ambient-caps={caps}", "--")

@@ -48,15 +48,9 @@ def sudoers_args() -> str:
 
 
 @pytest.fixture
-def deploy():
-    """A fresh login user (unlocked, no password), removed with its HOME afterwards."""
-    name = "fdp" + secrets.token_hex(4)
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
-        yield name
-    finally:
-        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+def deploy(login_user):
+    """The deploy user's name (tests/conftest.py login_user)."""
+    return login_user.pw_name
 
 
 @pytest.fixture

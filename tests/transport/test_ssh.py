@@ -353,15 +353,9 @@ def test_ssh_config_alias_is_honoured(tmp_path, sshd_pool, ssh_client_key):
 
 
 @pytest.fixture
-def unix_user():
-    """A fresh login user (unlocked, no password) removed with its home afterwards."""
-    name = "fct" + secrets.token_hex(4)
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+def unix_user(login_user):
+    """A fresh login user's ``pwd`` entry (tests/conftest.py login_user)."""
+    return login_user
 
 
 @pytest.fixture

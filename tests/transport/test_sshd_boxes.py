@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import socket
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +13,6 @@ import pytest
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from tests import sshd_boxes
-from tests.helpers import wait_until
 from tests.sshd_boxes import ClientKey, SshdBox, free_port, start_box, write_known_hosts
 
 # fixtures come from tests/conftest.py
@@ -204,20 +201,9 @@ def test_many_simultaneous_connections(sshd_pool, ssh_client_key, ssh_known_host
 
 
 @pytest.fixture
-def linux_user():
-    """A fresh unlocked Linux user, deleted (with its home) afterwards."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd")
-    name = f"fleettest{os.getpid()}"[:32]
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
-    try:
-        # useradd leaves the account locked ("!"); sshd without PAM refuses it.
-        subprocess.run(["usermod", "-p", "*", name], check=True)
-        yield name
-    finally:
-        # Tried until it works: a session process may not have exited yet (slowly, when busy).
-        wait_until(lambda: subprocess.run(["userdel", "-r", name], capture_output=True)
-                   .returncode in (0, 6), poll_s=0.1, what=f"userdel -r {name}")  # 6: no such user
+def linux_user(login_user):
+    """The name of a fresh unlocked Linux user (tests/conftest.py login_user)."""
+    return login_user.pw_name
 
 
 def test_non_root_user_can_log_in(linux_user, sshd_factory, ssh_client_key, tmp_path):

@@ -128,6 +128,12 @@ RETRY_BACKOFF_MAX_S = 120.0
 """The longest wait before a retry after a failed verification, in seconds."""
 
 
+def _leftover_scope(declared: Sequence[str]) -> Any:
+    """What checks may leave: :data:`fleet_runner.gates.CHECK_LEFTOVERS` and the role's
+    ``check_leftovers``, as one compiled scope."""
+    return compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+
+
 def without_leftovers(changes: Changes, declared: Sequence[str] = (),
                       written: Mapping[str, str] | None = None,
                       now: Mapping[str, str] | None = None) -> tuple[Changes, list[str]]:
@@ -141,7 +147,7 @@ def without_leftovers(changes: Changes, declared: Sequence[str] = (),
     ``__pycache__/`` the agent itself wrote is its change, judged by scope and undone (a
     planted ``pytest.pyc`` ran instead of the check: found by a tryout). Without them (a
     task begun by an older runner), every path matching the patterns is taken out."""
-    leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+    leftovers = _leftover_scope(declared)
 
     def checks_wrote(path: str) -> bool:
         if not leftovers.allows(path):
@@ -161,7 +167,7 @@ def check_written(before: Mapping[str, str], after: Mapping[str, str],
                   declared: Sequence[str] = ()) -> dict[str, str]:
     """The paths matching the leftover patterns that the checks changed between the snapshots
     ``before`` and ``after`` their runs, with their fingerprints after."""
-    leftovers = compile_scope([*gates.CHECK_LEFTOVERS, *declared])
+    leftovers = _leftover_scope(declared)
     return {p: fp for p, fp in after.items()
             if leftovers.allows(p) and (p not in before or not same(before[p], fp))}
 
