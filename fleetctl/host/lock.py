@@ -4,8 +4,7 @@ import errno
 import fcntl
 import os
 
-from fleetctl.host.wire import Stop, dec, os_error_text
-from fleetctl.protocol import STATE_DIR
+from fleetctl.host.wire import STATE_DIR_B, Stop, dec, os_error_text
 
 
 def lock_root(root):
@@ -101,7 +100,7 @@ def remove_empty_root(root):
     """Undo the creation of a root a ship made and then did not use: the ``releases/`` and
     state directories its prepare step made, then the root (each left alone unless empty; a
     symlink in their place is not followed: rmdir refuses it)."""
-    for name in (b"releases", STATE_DIR.encode()):
+    for name in (b"releases", STATE_DIR_B):
         try:
             os.rmdir(os.path.join(root, name))
         except OSError:

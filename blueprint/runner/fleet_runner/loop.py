@@ -163,13 +163,13 @@ def without_leftovers(changes: Changes, declared: Sequence[str] = (),
     return Changes(*kept), dropped
 
 
-def check_written(before: Mapping[str, str], after: Mapping[str, str],
+def check_written(before: Mapping[str, str], workspace: Path,
                   declared: Sequence[str] = ()) -> dict[str, str]:
-    """The paths matching the leftover patterns that the checks changed between the snapshots
-    ``before`` and ``after`` their runs, with their fingerprints after."""
+    """The paths matching the leftover patterns that the checks changed since the snapshot
+    ``before`` their runs, with their fingerprints now (only those files are read)."""
     leftovers = _leftover_scope(declared)
-    return {p: fp for p, fp in after.items()
-            if leftovers.allows(p) and (p not in before or not same(before[p], fp))}
+    after = take_snapshot(workspace, only=leftovers.allows)
+    return {p: fp for p, fp in after.items() if p not in before or not same(before[p], fp)}
 
 
 def _attempt_history(attempts: Sequence[dict[str, Any]]) -> str:
@@ -1139,7 +1139,7 @@ class Runner:
             if config.checks and task.check_written is not None:
                 # What the checks wrote now is theirs at the next attempt, unless changed.
                 task.check_written.update(check_written(
-                    after, take_snapshot(self.paths.workspace), config.check_leftovers))
+                    after, self.paths.workspace, config.check_leftovers))
                 write_json_atomic(task.dir / CHECK_WRITTEN, task.check_written)
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,

@@ -37,6 +37,7 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,9 +103,11 @@ def _is_git_dir(rel_dir: str, filenames: list[str]) -> bool:
         and "HEAD" in filenames
 
 
-def take_snapshot(root: Path) -> dict[str, str]:
+def take_snapshot(root: Path,
+                  only: Callable[[str], bool] | None = None) -> dict[str, str]:
     """Fingerprint every file under ``root`` (empty if ``root`` does not exist), but git's
-    bookkeeping in the workspace's own ``.git`` (module docstring)."""
+    bookkeeping in the workspace's own ``.git`` (module docstring); with ``only``, just the
+    files whose workspace-relative path it accepts (the others are not read)."""
     out: dict[str, str] = {}
     root_s = os.fspath(root)
     for dirpath, dirnames, filenames in os.walk(root_s):
@@ -123,7 +126,8 @@ def take_snapshot(root: Path) -> dict[str, str]:
                 continue
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root_s).replace(os.sep, "/")
-            out[rel] = fingerprint(full)
+            if only is None or only(rel):
+                out[rel] = fingerprint(full)
     return out
 
 
