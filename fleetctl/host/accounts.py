@@ -7,6 +7,7 @@ import pwd
 import stat
 import subprocess
 
+from fleetctl.host.files import make_dirs
 from fleetctl.host.wire import Stop, group_name, os_error_text, user_name
 from fleetctl.protocol import ACCOUNT, ACCOUNT_NAME
 
@@ -152,7 +153,7 @@ def ensure_account(emit, account):
             raise Stop("users", "permission", root_needed % ("the HOME of " + user), home)
         parent = os.path.dirname(home.rstrip("/"))
         if parent and not os.path.isdir(parent):
-            os.makedirs(parent, 0o755)
+            make_dirs(parent, 0o755)
         os.mkdir(home, 0o700)
         fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:

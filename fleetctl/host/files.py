@@ -37,6 +37,81 @@ def write_file(dest, source, owner, mode):
         os.close(fd)
 
 
+def make_dir(path, mode):
+    """``mkdir path`` with exactly ``mode`` (the login's umask narrows what mkdir sets: 077
+    would leave a 0755 directory 0700, unreadable to the agents' users).
+
+    Created 0700, then set to ``mode`` through an fd opened without following links, so it is
+    never wider than asked on the way.
+
+    Raises:
+        OSError naming ``path`` (FileExistsError when it exists).
+    """
+    os.mkdir(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise with_path(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path, mode):
+    """Create ``path`` (bytes or str) and each of its missing parents, every one with exactly
+    ``mode`` whatever the umask (``os.makedirs`` leaves them to it); directories that were
+    already there, or that another process makes meanwhile, are left as they are.
+
+    Raises:
+        FileExistsError: ``path`` exists (as with ``os.makedirs``); OSError naming the
+            directory that could not be made.
+    """
+    sep = b"/" if isinstance(path, bytes) else "/"
+    here = path.rstrip(sep) or sep
+    missing = []
+    while not os.path.lexists(here):
+        missing.append(here)
+        parent = os.path.dirname(here)
+        if parent in (here, b"", ""):
+            break
+        here = parent
+    if not missing:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+    for directory in reversed(missing):
+        try:
+            make_dir(directory, mode)
+        except FileExistsError:
+            if directory is missing[0]:
+                raise
+            # made by another process since: its mode is not ours to set
+
+
+def create_file(path, flags, mode):
+    """Open ``path`` with ``flags`` (``O_CREAT`` implied, never ``O_EXCL``), giving it exactly
+    ``mode`` when this call creates it (whatever the umask); an existing file keeps its mode.
+    Returns the fd.
+
+    Raises:
+        OSError naming ``path``.
+    """
+    flags &= ~(os.O_CREAT | os.O_EXCL)
+    while True:
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode & 0o700)
+        except FileExistsError:
+            continue  # made between the two opens: open it as it is
+        try:
+            os.fchmod(fd, mode)
+        except OSError as exc:
+            os.close(fd)
+            raise with_path(exc, path) from exc
+        return fd
+
+
 NAME_MAX = 255  # bytes in one name: the limit of Linux's common file systems (ext4, xfs, tmpfs)
 
 

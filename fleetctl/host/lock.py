@@ -4,6 +4,7 @@ import errno
 import fcntl
 import os
 
+from fleetctl.host.files import make_dirs
 from fleetctl.host.wire import STATE_DIR_B, Stop, dec, os_error_text
 
 
@@ -57,7 +58,7 @@ def take_ship_lock(root):
     for _ in range(3):
         if not os.path.lexists(root):
             try:
-                os.makedirs(root, 0o755)
+                make_dirs(root, 0o755)  # the root and its parents 0755 whatever the umask
                 created = True
             except FileExistsError:
                 pass

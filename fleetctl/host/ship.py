@@ -14,7 +14,7 @@ import re
 
 from fleetctl.host.accounts import account_missing, ensure_account, refuse_superuser
 from fleetctl.host.credentials import apply_credentials
-from fleetctl.host.files import fsync_dir, temp_name
+from fleetctl.host.files import fsync_dir, make_dir, temp_name
 from fleetctl.host.remove import force_rmtree, mount_points, mounts_under, real_path
 from fleetctl.host.services import services_problem, services_step
 from fleetctl.host.stage import (
@@ -179,8 +179,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
                            "(a symlink or a "
                            "file): fleetctl writes nothing through it; move it aside", dec(path))
             if not os.path.isdir(path):
-                os.mkdir(path, 0o755)
-                os.chmod(path, 0o755)
+                make_dir(path, 0o755)
         # Left by an interrupted ship; we hold the lock, so nothing else is using them.
         for name in os.listdir(releases_dir):
             if name.startswith(b".staging-"):

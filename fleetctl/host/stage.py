@@ -7,6 +7,8 @@ import os
 from fleetctl.host.files import (
     fsync_dir,
     json_tmp_path,
+    make_dir,
+    make_dirs,
     temp_name,
     write_all,
     write_file,
@@ -34,7 +36,7 @@ def receive_blobs(inp, blob_dir, count):
         Stop when the input ends early or a blob's digest does not match; OSError naming the
         blob's file when it cannot be written (a full disk).
     """
-    os.mkdir(blob_dir, 0o700)
+    make_dir(blob_dir, 0o700)
     for _ in range(count):
         digest = inp.readline().strip().decode("ascii")
         size = int(inp.readline())
@@ -42,6 +44,7 @@ def receive_blobs(inp, blob_dir, count):
         name = os.path.join(blob_dir, digest.split(":", 1)[1].encode("ascii"))
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            os.fchmod(fd, 0o600)  # readable by this account for assembling, whatever the umask
             left = size
             while left:
                 block = inp.read(min(left, CHUNK_BYTES))
@@ -61,7 +64,7 @@ def receive_blobs(inp, blob_dir, count):
 
 def assemble(stage, desired, sources, blob_dir, current_dir):
     """Build the release in ``stage`` from the desired manifest; modes and owners explicit."""
-    os.mkdir(stage, 0o700)
+    make_dir(stage, 0o700)
     dirs = []
     for entry in desired:
         rel = enc(entry["path"])
@@ -70,7 +73,7 @@ def assemble(stage, desired, sources, blob_dir, current_dir):
             if entry.get("owner") else (-1, -1)
         kind = entry["type"]
         if kind == "dir":
-            os.mkdir(dest, 0o700)
+            make_dir(dest, 0o700)  # writable by this account while filled, whatever the umask
             dirs.append((dest, owner, int(entry["mode"], 8)))
         elif kind == "symlink":
             os.symlink(enc(entry["target"]), dest)
@@ -119,7 +122,8 @@ def write_record(root, release, desired, meta):
     every user of the host.
     """
     state_dir = os.path.join(root, STATE_DIR_B, b"releases")
-    os.makedirs(state_dir, 0o755, exist_ok=True)
+    if not os.path.isdir(state_dir):
+        make_dirs(state_dir, 0o755)
     tree = [e for e in desired if not is_credential_path(e["path"])]
     creds = [e for e in desired if is_credential_path(e["path"])]
     if creds:

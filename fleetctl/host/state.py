@@ -19,7 +19,7 @@ import os
 import stat
 
 from fleetctl.host.accounts import read_accounts
-from fleetctl.host.files import write_all, write_json
+from fleetctl.host.files import create_file, make_dir, write_all, write_json
 from fleetctl.host.walk import scan_credentials, scan_tree
 from fleetctl.host.wire import STATE_DIR_B, dec, enc, os_error_text
 from fleetctl.protocol import (
@@ -110,7 +110,7 @@ def write_identity(root, identity):
     """Record the host's identity (its inventory name and id), replacing any earlier one."""
     state_dir = os.path.join(root, STATE_DIR_B)
     if not os.path.isdir(state_dir):
-        os.mkdir(state_dir, 0o755)
+        make_dir(state_dir, 0o755)
     write_json(identity_path(root), identity, 0o644)
 
 
@@ -233,8 +233,7 @@ def append_history(emit, root, entry):
     line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(
         "utf-8", "surrogateescape") + b"\n"
     try:
-        fd = os.open(history_path(root), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                     0o644)
+        fd = create_file(history_path(root), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         try:
             write_all(fd, line)
         finally:
