@@ -37,7 +37,7 @@ from typing import Any
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
-from fleetctl.diffs import FileDiff, diff_contents, safe_line
+from fleetctl.diffs import FileDiff, diff_contents, safe_line, split_lines
 from fleetctl.drift import (
     CONFLICT,
     EXTRA,
@@ -393,10 +393,10 @@ def _git_diff(root: Path, paths: list[str]) -> list[str]:
     untracked = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-o",
                                 "--exclude-standard", "--", *specs],
                                capture_output=True, check=False, env=env).stdout
-    lines = tracked.decode("utf-8", "surrogateescape").splitlines()
+    lines = split_lines(tracked.decode("utf-8", "surrogateescape"))
     for name in filter(None, untracked.split(b"\0")):
         new = subprocess.run(["git", "diff", "--no-color", "--no-index", "--", "/dev/null",
                               os.fsdecode(name)], capture_output=True, check=False, env=env,
                              cwd=str(root)).stdout
-        lines += new.decode("utf-8", "surrogateescape").splitlines()
-    return [safe_line(line) for line in lines]
+        lines += split_lines(new.decode("utf-8", "surrogateescape"))
+    return [safe_line(line.removesuffix("\n")) for line in lines]

@@ -2,9 +2,21 @@
 
 Names from hosts are ``str`` decoded with ``surrogateescape``: each byte that is not valid UTF-8
 is a lone surrogate. Such a string cannot be written as UTF-8, so every output goes through here.
+
+The one form a person sees a name in (:func:`shown`, documented in ``docs/json.md``) is made of
+printable characters only and decodes back to the name's bytes (:func:`unshown_bytes`): a
+backslash is ``\\\\``; every byte of a character that is not printable (a control character,
+ESC, a tab, a newline, a bidi override, an undecodable byte) is ``\\xNN``; a space that starts
+or ends the name is ``\\x20`` (a table's padding and a pipe's stripped line ends would hide it).
+So two different names never print the same, and a name cannot start a line, a colour or a
+reordering of the text around it.
 """
 
 from __future__ import annotations
+
+import re
+
+_SHOWN_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
 
 
 def escape_name(name: str) -> tuple[str, bool]:
@@ -40,6 +52,61 @@ def unescape_name(text: str) -> str:
             out.append(text[i])
             i += 1
     return "".join(out)
+
+
+def shown(name: str, lead: bool = True) -> str:
+    """``name`` in the one escape form people see: printable characters only, reversible.
+
+    Each character that is printable (``str.isprintable``, so a space but no control, format,
+    separator or private-use character) stays as it is, except ``\\`` (written ``\\\\``) and a
+    space at either end (``\\x20``); every other character is written as the bytes of its UTF-8
+    encoding, ``\\xNN`` each (lowercase hex), and so is each byte that is not valid UTF-8 (a
+    lone surrogate from ``surrogateescape``). :func:`unshown_bytes` turns it back. With
+    ``lead=False`` a leading space stays (a diff line's content, after its marker).
+
+    >>> shown("a\\x1b[31m b\\\\")
+    'a\\\\x1b[31m b\\\\\\\\'
+    """
+    out = []
+    last = len(name) - 1
+    for i, ch in enumerate(name):
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == " " and ((lead and i == 0) or i == last):
+            out.append("\\x20")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append("".join(f"\\x{b:02x}" for b in _utf8(ch)))
+    return "".join(out)
+
+
+def _utf8(ch: str) -> bytes:
+    """One character's bytes: a ``surrogateescape`` byte as itself, another lone surrogate (not
+    from a host's name) by its code point."""
+    try:
+        return ch.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return ch.encode("utf-8", "surrogatepass")
+
+
+def unshown_bytes(text: str) -> bytes:
+    """The bytes a :func:`shown` (or :func:`escape_name`) form stands for: ``\\\\`` is one
+    backslash, ``\\x`` and two hex digits that byte, any other character its UTF-8 encoding."""
+    out = bytearray()
+    at = 0
+    for match in _SHOWN_ESCAPE.finditer(text):
+        out += text[at:match.start()].encode("utf-8", "surrogateescape")
+        code = match.group(1)
+        out += b"\\" if code == "\\" else bytes([int(code[1:], 16)])
+        at = match.end()
+    out += text[at:].encode("utf-8", "surrogateescape")
+    return bytes(out)
+
+
+def unshown(text: str) -> str:
+    """:func:`unshown_bytes` as a name (``str``, undecodable bytes as ``surrogateescape``)."""
+    return unshown_bytes(text).decode("utf-8", "surrogateescape")
 
 
 def printable(name: str) -> str:

@@ -89,8 +89,9 @@ def test_drift_diff_shows_text_yaml_binary_and_never_a_secret(fleet):
     assert diffs["runner/README"]["lines"] == expected
     conf = diffs["runner/conf.yaml"]
     assert conf["kind"] == "structured"
-    assert "~ root['port']: 9090 -> 8080" in conf["lines"]
-    assert "- root['debug']: true" in conf["lines"]
+    assert "~ root['port']: 9090 -> 8080" in conf["keys"]
+    assert "- root['debug']: true" in conf["keys"]
+    assert "-debug: true" in conf["lines"]  # the text diff follows the key-level view
     blob = diffs["runner/blob.bin"]
     assert blob["kind"] == "binary" and blob["lines"] == []
     import hashlib
@@ -364,4 +365,5 @@ def test_a_formatting_only_change_is_shown_as_text():
     diff = diff_contents("a.json", b'{"a": 1, "b": [1, 2]}\n', b'{\n  "a": 1,\n  "b": [1, 2]\n}\n')
     assert diff.kind == "text" and diff.lines and "written differently" in diff.note
     changed = diff_contents("a.yaml", b"a: 1\n", b"a: 2\n")
-    assert changed.kind == "structured" and changed.lines == ("~ root['a']: 1 -> 2",)
+    assert changed.kind == "structured" and changed.keys == ("~ root['a']: 1 -> 2",)
+    assert changed.lines[-2:] == ("-a: 1", "+a: 2")

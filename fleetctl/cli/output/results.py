@@ -22,7 +22,7 @@ from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
 from fleetctl.manifest import Entry
-from fleetctl.names import escape_name, printable, safe_text
+from fleetctl.names import escape_name, printable, safe_text, shown
 from fleetctl.records import change_json
 from fleetctl.results import HostResult
 from fleetctl.source import SourceState
@@ -253,17 +253,21 @@ _DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan", "~": "yellow", "#": "bold"
 
 
 def diff_text(host: str, diff: FileDiff) -> list[str]:
-    """The lines that show one file's diff to people (every line already escaped)."""
-    head = f"# {host}: {printable(diff.path)} ({diff.kind})"
-    if diff.kind in ("text", "structured"):
-        lines = [head, *diff.lines] if diff.lines else [head, "  (no difference in content)"]
-    else:
-        lines = [head, f"  live:    {diff.live_digest or 'absent'}"
-                 + (f" ({diff.live_size} B)" if diff.live_size is not None else ""),
-                 f"  desired: {diff.desired_digest or 'absent'}"
-                 + (f" ({diff.desired_size} B)" if diff.desired_size is not None else "")]
+    """The lines that show one file's diff to people (every line already escaped): a ``#``
+    header, its note, the key-level changes, then the unified diff. The diff comes last, so it
+    can be cut from ``--- `` to the next ``#`` line and applied after
+    :func:`fleetctl.names.unshown_bytes` of each line (``docs/releases.md``)."""
+    lines = [f"# {host}: {shown(diff.path)} ({diff.kind})"]
     if diff.note:
         lines.append(f"  note: {printable(diff.note)}")
+    if diff.kind in ("text", "structured"):
+        body = [*diff.keys, *diff.lines]
+        lines += body if body or diff.note else ["  (no difference in content)"]
+    else:
+        lines += [f"  live:    {diff.live_digest or 'absent'}"
+                  + (f" ({diff.live_size} B)" if diff.live_size is not None else ""),
+                  f"  desired: {diff.desired_digest or 'absent'}"
+                  + (f" ({diff.desired_size} B)" if diff.desired_size is not None else "")]
     return lines
 
 
