@@ -19,6 +19,7 @@ from fleetctl.hostevents import (
     WarningEvent,
 )
 from fleetctl.manifest import Entry, Manifest
+from fleetctl.names import printable
 from fleetctl.session import HostSession
 
 
@@ -136,6 +137,16 @@ def read_scan(session: HostSession, state: LiveState | None = None,
                          "the host-side program ended before taking the lock")
 
 
+def foreign_warning(foreign: list[Any]) -> str:
+    """One line naming the entries of ``releases/`` fleetctl did not make (``{"name",
+    "reason"}`` each, as the host sent them): kept, never counted, followed or removed."""
+    shown = [f"{printable(str(f.get('name')))} ({f.get('reason')})" for f in foreign[:5]
+             if isinstance(f, dict)]
+    more = f", and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+    return ("releases/ holds entries fleetctl did not make, never counted, followed or "
+            "removed (see `fleetctl releases`): " + "; ".join(shown) + more)
+
+
 def _fill(state: LiveState, event: HostEvent) -> None:
     """The ``state`` event's fields, into ``state``."""
     raw = event.raw
@@ -143,6 +154,9 @@ def _fill(state: LiveState, event: HostEvent) -> None:
     state.current = raw["current"]
     state.current_kind = raw["current_kind"]
     state.releases = raw["releases"]
+    foreign = raw.get("foreign")
+    if isinstance(foreign, list) and foreign:
+        state.warnings.append(foreign_warning(foreign))
     state.identity = raw.get("identity")
     state.meta = raw.get("meta") or {}
     state.ship_in_progress = raw.get("ship_in_progress")

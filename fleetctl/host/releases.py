@@ -4,15 +4,20 @@ import errno
 import os
 import re
 
-from fleetctl.host.lock import lock_root
+from fleetctl.host.lock import lock_holder, lock_root
 from fleetctl.host.stage import switch
 from fleetctl.host.state import (
+    FOREIGN_ENTRY,
+    RELEASE_ENTRY,
     append_history,
+    classify_releases,
     history_path,
     read_manifest,
     read_state,
     record_meta,
     record_path,
+    record_problem,
+    rollback_target,
 )
 from fleetctl.host.walk import tree_differences
 from fleetctl.host.wire import Stop, dec, enc, os_error_text
@@ -34,21 +39,28 @@ def list_releases(emit, root, request):
     """Op ``releases``: every release with its record's provenance, which is current, and the
     host's history lines; read only.
 
-    Emits ``{"t": RELEASES, "current", "identity"}``, per release ``{"t": RELEASE, "id",
-    "recorded", "meta"}``, per history line ``{"t": HISTORY, "line"}``, then
-    ``{"t": RELEASES_END}``.
+    Emits ``{"t": RELEASES, "current", "identity", "ship_in_progress"}``, per entry of
+    ``releases/`` ``{"t": RELEASE, "id", "kind", "recorded", "meta"}`` (``kind`` as
+    :func:`~fleetctl.host.state.classify_releases` says; ``reason`` for a foreign entry,
+    ``problem`` for a release whose record cannot be used), per history line ``{"t": HISTORY,
+    "line"}``, then ``{"t": RELEASES_END}``.
     """
     state = read_state(emit, root)
-    emit({"t": RELEASES, "current": state["current"], "identity": state.get("identity")})
-    for name in state["releases"]:
+    emit({"t": RELEASES, "current": state["current"], "identity": state.get("identity"),
+          "ship_in_progress": (lock_holder(root).strip(" ()") or None)
+          if os.path.isdir(root) else None})
+    for entry in classify_releases(root, state["current"]):
+        name = entry["id"]
+        if entry["kind"] != RELEASE_ENTRY:
+            emit({"t": RELEASE, "id": name, "kind": entry["kind"], "reason": entry["reason"],
+                  "recorded": False, "meta": {}})
+            continue
         recorded = os.path.lexists(record_path(root, enc(name)))
-        event = {"t": RELEASE, "id": name, "recorded": recorded,
+        event = {"t": RELEASE, "id": name, "kind": RELEASE_ENTRY, "recorded": recorded,
                  "meta": record_meta(root, enc(name)) if recorded else {}}
-        if recorded:
-            try:
-                read_manifest(record_path(root, enc(name)))
-            except (OSError, ValueError) as exc:
-                event["problem"] = f"its record cannot be used: {exc}"
+        problem = record_problem(root, enc(name)) if recorded else None
+        if problem is not None:
+            event["problem"] = f"its record cannot be used: {problem}"
         emit(event)
     try:
         with open(history_path(root), "rb") as fh:
@@ -91,16 +103,19 @@ def rollback(emit, root, request):
         current = state["current"]
         if state["current_kind"] != "symlink" or not current:
             raise Stop("rollback", "layout", "the host has no release in use to roll back from")
+        entries = {e["id"]: e for e in classify_releases(root, current)}
+        good = [name for name, e in sorted(entries.items()) if e["good"]]
         target = request.get("to")
         if target is None:
-            previous = (state.get("meta") or {}).get("previous")
-            older = [r for r in state["releases"] if r < current and
-                     os.path.lexists(record_path(root, enc(r)))]
-            target = previous if previous in state["releases"] else (older[-1] if older else None)
+            target = rollback_target(root, current, good)
             if target is None:
                 raise Stop("rollback", "failed", "no earlier release with a record is left on "
                            "the host")
-        if not RELEASE_ID.match(target) or target not in state["releases"]:
+        found = entries.get(target) if isinstance(target, str) else None
+        if found is not None and found["kind"] == FOREIGN_ENTRY:
+            raise Stop("rollback", "failed", f"releases/{target} is not a release fleetctl made "
+                       f"({found['reason']}): it is never a rollback target")
+        if not RELEASE_ID.match(target) or found is None or found["kind"] != RELEASE_ENTRY:
             raise Stop("rollback", "failed", "no release {} on the host (releases: {})".format(
                 target, ", ".join(state["releases"]) or "none"))
         if target == current:
@@ -109,6 +124,11 @@ def rollback(emit, root, request):
             return 0
         if not os.path.lexists(record_path(root, enc(target))):
             raise Stop("verify", "failed", f"release {target} has no record to verify it against")
+        problem = record_problem(root, enc(target))
+        if problem is not None:
+            raise Stop("verify", "failed", f"the record of release {target} cannot be used "
+                       f"({problem}): the release cannot be verified, so it is not rolled back "
+                       "to", dec(record_path(root, enc(target))))
         emit({"t": STEP, "name": "verify"})
         try:
             problems = release_differences(root, enc(target))

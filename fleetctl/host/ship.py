@@ -27,10 +27,16 @@ from fleetctl.host.stage import (
     write_record,
 )
 from fleetctl.host.state import (
+    PRUNING_ENTRY,
+    PRUNING_PREFIX,
+    STAGING_ENTRY,
     append_history,
+    classify_releases,
     creds_record_path,
+    good_releases,
     last_shipped,
     record_path,
+    rollback_target,
     write_identity,
 )
 from fleetctl.host.walk import walk
@@ -54,7 +60,15 @@ from fleetctl.protocol import (
 
 
 def prune(emit, root, keep, current):
-    """Remove all but the newest ``keep`` releases, never ``current``; return removed ids.
+    """Remove the good releases (:func:`~fleetctl.host.state.classify_releases`) but the
+    newest ``keep``; return the removed ids.
+
+    Only good releases are counted and removed: an entry fleetctl did not make (a file, a
+    symlink, a directory copied in or without a record) is never counted, followed or removed,
+    so it can neither push a good release out nor be deleted. Always kept, whatever ``keep``
+    says: ``current`` (bytes), its rollback target (:func:`~fleetctl.host.state.rollback_target`)
+    and the release the last ship put in use (after a rollback the newer release is the way
+    forward again).
 
     A release with a mount point inside it (a directory someone mounted there) is kept whole,
     record included, and reported in a ``warning`` naming the mount point: it stays a complete
@@ -62,15 +76,19 @@ def prune(emit, root, keep, current):
     (see remove_tree), and a release that cannot be removed does not stop the others.
     """
     releases_dir = os.path.join(root, b"releases")
-    names = sorted(n for n in os.listdir(releases_dir) if not n.startswith(b"."))
+    good = good_releases(root, dec(current))
     points = mount_points()
     removed = []
-    # Never the release in use, nor the last one a ship put in use (after a rollback the
-    # newer release is kept: it is the way forward again).
-    protected = {current, last_shipped(root)}
-    for name in names[:-keep] if keep > 0 else names:
-        if name in protected:
+    protected = {dec(current), rollback_target(root, dec(current), good)}
+    shipped = last_shipped(root)
+    if shipped is not None:
+        protected.add(dec(shipped))
+    kept = set(good[-keep:]) if keep > 0 else set()
+    tried = set()
+    for text in good:
+        if text in protected or text in kept:
             continue
+        name = enc(text)
         top = os.path.join(releases_dir, name)
         inside = mounts_under(points, real_path(top))
         if inside:
@@ -78,19 +96,37 @@ def prune(emit, root, keep, current):
                   "(fleetctl removes nothing on another mount); unmount it and the next ship "
                   "prunes the release".format(dec(name), ", ".join(dec(p) for p in inside))})
             continue
-        # The record goes first: a half-removed release must never look like a rollback target.
-        try:
-            for record in (record_path(root, name), creds_record_path(root, name)):
-                if os.path.lexists(record):
-                    os.unlink(record)
-            if not force_rmtree(emit, top):  # a mount that appeared since the check: reported there
-                removed.append(dec(name))
-        except OSError as exc:  # one stuck release must not stop the others being pruned
-            path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
-                exc.filename, bytes) else exc.filename
-            emit({"t": WARNING, "message":
-                  f"could not prune release {dec(name)}: {os_error_text(exc)} ({path})"})
+        # Renamed first, then the record goes: a half-removed release must never look like a
+        # rollback target, nor like a directory fleetctl did not make (those are never
+        # removed), so what is left of it is a ``.pruning-<id>`` the next prune removes.
+        tried.add(text)
+        if _remove_release(emit, root, name, rename=True):
+            removed.append(text)
+    for entry in classify_releases(root):
+        text = entry["id"][len(dec(PRUNING_PREFIX)):]
+        if entry["kind"] == PRUNING_ENTRY and text not in tried:  # an earlier prune's leftover
+            _remove_release(emit, root, enc(text), rename=False)
     return removed
+
+
+def _remove_release(emit, root, name, rename):
+    """Remove release ``name`` (bytes) by way of ``releases/.pruning-<name>`` (renamed there
+    first when ``rename``), its records after the rename; True when all of it is gone. A
+    failure is a ``warning`` naming the path: one stuck release must not stop the others."""
+    gone = os.path.join(root, b"releases", PRUNING_PREFIX + name)
+    try:
+        if rename:
+            os.rename(os.path.join(root, b"releases", name), gone)
+        for record in (record_path(root, name), creds_record_path(root, name)):
+            if os.path.lexists(record):
+                os.unlink(record)
+        return not force_rmtree(emit, gone)  # a mount that appeared since the check: reported
+    except OSError as exc:
+        path = exc.filename.decode("utf-8", "surrogateescape") if isinstance(
+            exc.filename, bytes) else exc.filename
+        emit({"t": WARNING, "message":
+              f"could not prune release {dec(name)}: {os_error_text(exc)} ({path})"})
+        return False
 
 
 def unchanged_since_scan(root, scanned, ignore):
@@ -181,9 +217,9 @@ def ship_locked(emit, inp, root, command, state, scanned):
             if not os.path.isdir(path):
                 make_dir(path, 0o755)
         # Left by an interrupted ship; we hold the lock, so nothing else is using them.
-        for name in os.listdir(releases_dir):
-            if name.startswith(b".staging-"):
-                force_rmtree(emit, os.path.join(releases_dir, name))
+        for entry in classify_releases(root):
+            if entry["kind"] == STAGING_ENTRY:
+                force_rmtree(emit, os.path.join(releases_dir, enc(entry["id"])))
         state_dir = os.path.join(root, STATE_DIR_B)
         for name in os.listdir(state_dir):
             if name.startswith(b"incoming-"):

@@ -18,6 +18,7 @@ import json
 import os
 import stat
 
+from fleetctl import protocol
 from fleetctl.host.accounts import read_accounts
 from fleetctl.host.files import create_file, make_dir, write_all, write_json
 from fleetctl.host.walk import scan_credentials, scan_tree
@@ -60,12 +61,11 @@ def read_state(emit, root):
             state["current_kind"] = "foreign-symlink"
     else:
         state["current_kind"] = "dir" if stat.S_ISDIR(st.st_mode) else "other"
-    try:
-        state["releases"] = sorted(
-            dec(n) for n in os.listdir(os.path.join(root, b"releases")) if not n.startswith(b".")
-        )
-    except OSError:
-        pass
+    entries = classify_releases(root, state["current"])
+    state["releases"] = [e["id"] for e in entries if e["kind"] == RELEASE_ENTRY]
+    state["foreign"] = [{"name": e["id"], "reason": e["reason"]} for e in entries
+                        if e["kind"] == FOREIGN_ENTRY]
+    state["staging"] = [e["id"] for e in entries if e["kind"] == STAGING_ENTRY]
     state["identity"] = read_identity(root)
     state["meta"] = None
     if state["current"] and os.path.lexists(record_path(root, enc(state["current"]))):
@@ -78,6 +78,104 @@ def read_state(emit, root):
                   "missing, so changes have origin unknown; ship --force writes a new one".format(
                       dec(record_path(root, enc(state["current"]))), exc)})
     return state
+
+
+RELEASE_ENTRY, FOREIGN_ENTRY, STAGING_ENTRY, PRUNING_ENTRY = (
+    "release", "foreign", "staging", "pruning")
+STAGING_PREFIX = b".staging-"
+PRUNING_PREFIX = b".pruning-"
+
+
+def classify_releases(root, current=None):
+    """What each entry of ``<root>/releases/`` is, sorted by name (read only, nothing followed).
+
+    Returns a list of ``{"id", "kind", "reason", "good"}`` (``id`` the name as str):
+
+    - kind ``release``: a directory (not a symlink) whose name is a release id and which has a
+      record naming it, or which ``current`` points to (in use, recorded or not). ``good`` when
+      its record is a usable fleetctl release record that names this release: only good
+      releases are rollback targets and count towards retention.
+    - kind ``staging``: ``.staging-<id>``, a directory: the release a ship is assembling, or
+      the leftover of one that was interrupted (the next ship removes it).
+    - kind ``pruning``: ``.pruning-<id>``, a directory: a release being removed by a prune,
+      or what a prune could not remove (the next prune tries again).
+    - kind ``foreign``: anything fleetctl did not make: a file, a symlink, a special file, a
+      name that is not a release id, a directory without a record (copied in, or left by a
+      ship whose clean-up failed). ``reason`` says which. Never counted, followed or removed.
+
+    A ``releases/`` that is missing or not a directory has no entries.
+    """
+    top = os.path.join(root, b"releases")
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            return []
+        names = sorted(os.listdir(top))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        text = dec(name)
+        entry = {"id": text, "kind": FOREIGN_ENTRY, "reason": None, "good": False}
+        out.append(entry)
+        try:
+            st = os.lstat(os.path.join(top, name))
+        except OSError as exc:  # vanished, or unreadable: not fleetctl's to judge or touch
+            entry["reason"] = f"cannot be examined: {os_error_text(exc)}"
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            entry["reason"] = "a symlink, not a release directory (never followed)"
+        elif not stat.S_ISDIR(st.st_mode):
+            entry["reason"] = "a file, not a release directory" if stat.S_ISREG(st.st_mode) \
+                else "a special file, not a release directory"
+        elif name.startswith(STAGING_PREFIX) and protocol.RELEASE_ID.match(
+                text[len(STAGING_PREFIX):]):
+            entry["kind"] = STAGING_ENTRY
+        elif name.startswith(PRUNING_PREFIX) and protocol.RELEASE_ID.match(
+                text[len(PRUNING_PREFIX):]):
+            entry["kind"] = PRUNING_ENTRY
+        elif not protocol.RELEASE_ID.match(text):
+            entry["reason"] = "a directory whose name is not a release id"
+        elif not os.path.lexists(record_path(root, name)):
+            if text == current:
+                entry["kind"] = RELEASE_ENTRY  # in use, so not foreign; but no rollback target
+            else:
+                entry["reason"] = ("a directory without a record (copied in, or left by a ship "
+                                   "that failed)")
+        else:
+            entry["kind"] = RELEASE_ENTRY
+            entry["good"] = record_problem(root, name) is None
+    return out
+
+
+def record_problem(root, release):
+    """Why the record of ``release`` (bytes) cannot vouch for it, or ``None`` when it can: it
+    must be a fleetctl release record (:func:`read_manifest`) whose ``release`` is that name."""
+    try:
+        named = _read_record(record_path(root, release))[0].get("release")
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    if named != dec(release):
+        return f"it is the record of release {named!r}, not of {dec(release)!r}"
+    return None
+
+
+def good_releases(root, current=None):
+    """The ids (str) of the good releases under ``root``, oldest first (see
+    :func:`classify_releases`)."""
+    return [e["id"] for e in classify_releases(root, current) if e["good"]]
+
+
+def rollback_target(root, current, good):
+    """The release a rollback from ``current`` (str) goes back to by default, or ``None``: the
+    one its record names as ``previous`` when that is good, or else the newest good release
+    older than it. ``good``: the good release ids, oldest first (:func:`good_releases`)."""
+    if not current:
+        return None
+    previous = record_meta(root, enc(current)).get("previous")
+    if previous in good and previous != current:
+        return previous
+    older = [r for r in good if r < current]
+    return older[-1] if older else None
 
 
 def identity_path(root):
@@ -156,6 +254,11 @@ def load_record(root, release):
 
 def read_manifest(path):
     """The manifest list of a record file; ValueError if it is not a fleetctl release record."""
+    return _read_record(path)[1]
+
+
+def _read_record(path):
+    """``(record, manifest)`` of a record file; ValueError if it is not a release record."""
     with open(path, "rb") as fh:
         record = json.loads(fh.read().decode("utf-8", "surrogateescape"))
     manifest = record.get("manifest") if isinstance(record, dict) else None
@@ -163,7 +266,7 @@ def read_manifest(path):
             isinstance(e, dict) and isinstance(e.get("path"), str) and e.get("type") in
             ("file", "dir", "symlink", "other") for e in manifest):
         raise ValueError("not a fleetctl release record")
-    return manifest
+    return record, manifest
 
 
 def emit_shipped(emit, manifest):

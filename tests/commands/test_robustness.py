@@ -80,15 +80,26 @@ def test_one_stuck_release_does_not_stop_pruning_the_others(tmp_path, immutable)
     stuck = os.path.realpath(f.current)
     if not immutable(Path(stuck) / "runner" / "a"):
         pytest.skip("chattr +i is not supported on this filesystem")
-    for i in range(1, 4):
+    shipped = []
+    for i in range(1, 5):
         f.commit({"runner": {"a": f"{i}\n"}})
         run = f.ship()
         assert run.code == 0
-        assert any("could not prune release" in w for w in run.host("h")["warnings"])
+        shipped.append(os.path.basename(os.readlink(f.current)))
+        # The first ship keeps the stuck release: it is the one to roll back to.
+        assert any("could not prune release" in w for w in run.host("h")["warnings"]) == \
+            (i > 1), run.host("h")["warnings"]
     releases = sorted(os.listdir(f.root / "releases"))
-    assert releases == sorted([os.path.basename(stuck), os.path.basename(os.readlink(f.current))])
-    # The stuck release lost its record first: it can never be mistaken for a rollback target.
-    assert not (f.root / ".fleetctl" / "releases" / (os.path.basename(stuck) + ".json")).exists()
+    name = os.path.basename(stuck)
+    # Renamed to .pruning-<id> and its record removed: never mistaken for a rollback target or
+    # for a directory fleetctl did not make, and each later ship tries again.
+    subprocess.run(["chattr", "-i", str(f.root / "releases" / f".pruning-{name}" / "runner" /
+                                        "a")], check=False)  # the fixture knows the old path
+    assert releases == sorted([f".pruning-{name}", shipped[-2], shipped[-1]])
+    assert not (f.root / ".fleetctl" / "releases" / (name + ".json")).exists()
+    f.commit({"runner": {"a": "5\n"}})
+    assert f.ship().host("h")["warnings"] == []  # once it can go, the next prune removes it
+    assert f".pruning-{name}" not in os.listdir(f.root / "releases")
 
 
 def test_unwritable_output_stops_before_any_host_is_touched(tmp_path):

@@ -252,7 +252,8 @@ def test_releases_lists_each_release_with_its_record_and_the_history(tmp_path):
     (root / ".fleetctl" / "history.jsonl").write_text('{"kind":"ship"}\n{"kind":"half"')
     events: list[dict] = []
     assert releases.list_releases(events.append, os.fsencode(root), {}) == 0
-    assert events[0] == {"t": "releases", "current": "r2", "identity": None}
+    assert events[0] == {"t": "releases", "current": "r2", "identity": None,
+                         "ship_in_progress": None}
     listed = {e["id"]: (e["recorded"], e["meta"]) for e in events if e["t"] == "release"}
     assert listed == {"r1": (True, {"created": "2026-01-01T00:00:00Z", "shipped_by": "tester"}),
                       "r2": (False, {})}

@@ -526,7 +526,9 @@ def test_a_directory_swapped_for_a_symlink_during_the_walk_is_never_followed(tmp
 def test_a_non_root_login_prunes_releases_with_read_only_and_closed_directories(user_box):
     """As a non-root login, an old release holding 0555 directories with files, and a staging
     release a killed ship left with a 0000 directory and a 0555 one in it, are removed
-    completely: each directory is opened up through its own file descriptor; no warning."""
+    completely: each directory is opened up through its own file descriptor; no warning.
+    (With keep_releases 1 the old release is pruned once it is no longer the rollback
+    target.)"""
     import yaml
 
     inv, bp, root, user, _box = user_box
@@ -553,8 +555,15 @@ def test_a_non_root_login_prunes_releases_with_read_only_and_closed_directories(
     commit_all(bp)
     second = ship(inv, bp)
     assert second.code == 0, second.stdout + second.stderr
-    assert second.host("web1")["pruned"] == [old.name] and second.host("web1")["warnings"] == []
-    assert not old.exists() and not staging.exists()
+    # keep_releases 1 still keeps the release to roll back to: the old one goes a ship later.
+    assert second.host("web1")["pruned"] == [] and second.host("web1")["warnings"] == []
+    assert not staging.exists()
+    (bp / "runner" / "README").write_text("third\n")
+    commit_all(bp)
+    third = ship(inv, bp)
+    assert third.code == 0, third.stdout + third.stderr
+    assert third.host("web1")["pruned"] == [old.name] and third.host("web1")["warnings"] == []
+    assert not old.exists()
 
 
 @pytest.mark.parametrize("name", ["releases", ".fleetctl"])
