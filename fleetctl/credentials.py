@@ -61,6 +61,8 @@ class UncheckedGrant:
         reason: why it gave no value (the source's error message; never a value).
         where: ``file:line: key.path`` of the grant in the inventory.
         paths: the credential files the grant renders (``credentials/<agent>/<file>``).
+        hint: the source's own fix, when it has one (``chmod 600 PATH`` for a secret file
+            others can read); ``None`` otherwise.
     """
 
     agent: str
@@ -70,10 +72,12 @@ class UncheckedGrant:
     reason: str
     where: str
     paths: tuple[str, ...]
+    hint: str | None = None
 
     def describe(self) -> str:
-        """One line for people: grant, agent, source and reason."""
-        return (f"grant {self.capability} of agent {self.agent} ({self.where}): {self.reason}")
+        """One line for people: grant, agent, source, reason and the source's fix."""
+        return (f"grant {self.capability} of agent {self.agent} ({self.where}): {self.reason}"
+                + (f" (fix: {self.hint})" if self.hint else ""))
 
     def to_json(self) -> dict[str, Any]:
         """``{agent, capability, source, source_name, reason, where, paths}``."""
@@ -87,12 +91,16 @@ class SecretsMissing(InputError):
 
     def __init__(self, host: str, unchecked: list[UncheckedGrant]) -> None:
         self.unchecked = list(unchecked)
-        shown = "; ".join(u.describe() for u in unchecked)
+        # One grant a line: with several missing, a person reads down the list, and each line
+        # says which agent and grant needs the source and where the inventory names it.
+        shown = "".join(f"\n  {u.describe()}" for u in unchecked)
+        fixes = list(dict.fromkeys(u.hint for u in unchecked if u.hint))
         super().__init__(
             f"{host}: {len(unchecked)} secret(s) needed for its credential files are not "
-            f"available, so nothing was sent to the host: {shown}",
-            hint="make every secret source of this host available (set the variable, install "
-            "the program, fix the file) and ship again; drift and creds audit work without them")
+            f"available, so nothing was sent to the host:{shown}",
+            hint="; ".join(fixes + ["make every secret source of this host available (set "
+                                    "the variable, install the program, fix the file) and "
+                                    "ship again; drift and creds audit work without them"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +215,7 @@ def _add_unchecked(tree: CredentialTree, host: Host, agent: Agent, grant: Any, c
     source = exc.source if exc.source is not None else grant.secret
     tree.unchecked.append(UncheckedGrant(agent.name, grant.capability, source_kind(source),
                                          source.describe(), exc.message, grant.where,
-                                         tuple(paths)))
+                                         tuple(paths), exc.hint))
 
 
 def _redact(message: str, secret: str) -> str:

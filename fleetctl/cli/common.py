@@ -5,6 +5,7 @@ internal error)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -61,6 +62,37 @@ def find_project(inventory: Path | None = None) -> Path:
     return here
 
 
+def inventory_path(inventory: Path | None) -> Path:
+    """The inventory file a command uses: ``inventory`` (``--inventory``), else
+    ``$FLEETCTL_INVENTORY``, else ``inventory/demo.yaml`` of the project (find_project()).
+
+    Unless it came from the command line, one line on stderr says which file it is and where
+    it came from: a user who forgot ``--inventory`` sees at once that the demo fleet, not
+    theirs, was read. (The variable is read here, not by typer's ``envvar``, which would not
+    say where a value came from.)
+    """
+    if inventory is not None:
+        return inventory
+    from_env = os.environ.get(INVENTORY_ENV)
+    if from_env:
+        chosen, why = Path(from_env), f"from ${INVENTORY_ENV}"
+    else:
+        chosen = find_project() / "inventory" / "demo.yaml"
+        why = f"default; --inventory or ${INVENTORY_ENV} to change"
+    err.print(f"inventory: {safe_text(_shown_path(chosen))} ({why})", markup=False,
+              highlight=False, soft_wrap=True)
+    return chosen
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the current directory when it lies below it, else absolute."""
+    full = Path(path).expanduser().absolute()
+    try:
+        return str(full.relative_to(Path.cwd()))
+    except ValueError:
+        return str(full)
+
+
 def print_error(exc: FleetctlError) -> None:
     """Print a user-facing error and its hint on stderr, names escaped, no traceback."""
     label = "refused" if exc.exit_code == 3 else "error"
@@ -70,8 +102,10 @@ def print_error(exc: FleetctlError) -> None:
 
 
 # The options every command shares (DESIGN.md §4), defined once.
-InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="FLEETCTL_INVENTORY",
-                            help="Inventory file \\[default: inventory/demo.yaml of the project].")
+INVENTORY_ENV = "FLEETCTL_INVENTORY"
+InventoryOpt = typer.Option(None, "--inventory", "-i",
+                            help="Inventory file \\[default: $FLEETCTL_INVENTORY, else "
+                            "inventory/demo.yaml of the project].")
 BlueprintOpt = typer.Option(None, "--blueprint", "-b", envvar="FLEETCTL_BLUEPRINT",
                             help="Blueprint directory \\[default: blueprint/ of the project].")
 FormatOpt = typer.Option(Format.text, "--format", "-f", help="Output format.")
@@ -105,9 +139,10 @@ def load_project(inventory: Path | None, blueprint: Path | None,
     Raises:
         InputError: a blueprint or inventory that does not load.
     """
+    inventory = inventory_path(inventory)
     project = find_project(inventory)  # the inventory's own repository, wherever we are
     bp = load_blueprint(blueprint or project / "blueprint")
-    inv = load_inventory(inventory or project / "inventory" / "demo.yaml", blueprint=bp)
+    inv = load_inventory(inventory, blueprint=bp)
     if timeout_s is not None:
         inv = Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
     return inv, bp

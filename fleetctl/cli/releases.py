@@ -26,7 +26,7 @@ from fleetctl.cli.common import (
     ReportTarget,
     TimeoutOpt,
     err,
-    find_project,
+    inventory_path,
     guard,
     load_project,
 )
@@ -48,7 +48,7 @@ def _inventory(inventory: Path | None, timeout_s: float) -> Any:
 
     from fleetctl.inventory import Inventory, load_inventory
 
-    inv = load_inventory(inventory or find_project() / "inventory" / "demo.yaml")
+    inv = load_inventory(inventory_path(inventory))
     return Inventory(inv.path, tuple(replace(h, timeout_s=timeout_s) for h in inv.hosts))
 
 

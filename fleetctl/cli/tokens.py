@@ -29,6 +29,7 @@ from fleetctl.cli.common import (
     InventoryOpt,
     OutputOpt,
     find_project,
+    inventory_path,
     guard,
 )
 
@@ -124,18 +125,19 @@ def tokens_command(
                 raise InputError(f"{output}: cannot write the report: {exc.strerror}") from None
         from fleetctl.tokens.audit import TokensOptions, audit_tokens
 
-        project = find_project(inventory)
+        inventory_file = inventory_path(inventory)
+        project = find_project(inventory_file)
         if probe:
             from fleetctl.tokens.probe import probe_agents
 
-            runs = probe_agents(inventory or project / "inventory" / "demo.yaml",
+            runs = probe_agents(inventory_file,
                                 blueprint or project / "blueprint", tuple(agents or ()),
                                 timeout_s=probe_timeout,
                                 executable=str(harness_bin) if harness_bin else None)
         elif live:  # the ledgers on the hosts, not the prefix built here
             from fleetctl.tokens.live import live_tokens
 
-            live_report = live_tokens(inventory or project / "inventory" / "demo.yaml",
+            live_report = live_tokens(inventory_file,
                                       blueprint or project / "blueprint", tuple(agents or ()),
                                       since=since, parallel=parallel)
         else:
@@ -145,7 +147,7 @@ def tokens_command(
                                     startup_timeout_s=startup_timeout,
                                     baseline=baseline,
                                     max_growth_pct=max_growth, claude_model=claude_model)
-            report = audit_tokens(inventory or project / "inventory" / "demo.yaml",
+            report = audit_tokens(inventory_file,
                                   blueprint or project / "blueprint", options)
         if probe:
             return _write_probe(runs, fmt, target)

@@ -232,3 +232,30 @@ def test_a_revoked_key_is_refused_even_where_another_line_lists_it(tmp_path, ssh
     assert web2["warnings"] == [
         f"{known}:4: marker @cert-authority is not supported by fleetctl; line skipped"]
     assert not (tmp_path / "r1").exists()
+
+
+def test_a_command_without_inventory_says_which_inventory_it_read(tmp_path):
+    """Without ``--inventory`` every command says, in one stderr line, which inventory file it
+    read and how to choose another; from ``$FLEETCTL_INVENTORY`` it says so; with
+    ``--inventory`` it says nothing (the user named it). Before: nothing was said, and a user
+    who forgot ``-i`` read the demo fleet's drift as their own."""
+    fleet = tmp_path / "fleet"
+    (fleet / "inventory").mkdir(parents=True)
+    make_project(fleet, BLUEPRINT, executable=("runner/run.sh",))
+    demo = write_inventory(fleet / "inventory" / "demo.yaml", {"h1": local_host(tmp_path / "b1")})
+    other = write_inventory(tmp_path / "other.yaml", {"h2": local_host(tmp_path / "b2")})
+    default_line = ("inventory: inventory/demo.yaml (default; --inventory or "
+                    "$FLEETCTL_INVENTORY to change)")
+    env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_INVENTORY"}
+    for argv in (("drift",), ("ship", "--dry-run"), ("creds", "audit", "--static"),
+                 ("history",), ("releases", "h1")):
+        done = subprocess.run([sys.executable, "-m", "fleetctl", *argv], cwd=fleet,
+                              capture_output=True, text=True, timeout=120, env=env)
+        lines = done.stderr.splitlines()
+        assert lines.count(default_line) == 1, (argv, done.stderr)
+        assert str(demo) not in done.stdout, (argv, done.stdout)
+    from_env = fleetctl("drift", cwd=fleet, env={"FLEETCTL_INVENTORY": str(other)})
+    assert f"inventory: {other} (from $FLEETCTL_INVENTORY)" in from_env.stderr.splitlines(), \
+        from_env.stderr
+    named = fleetctl("drift", "-i", str(other), cwd=fleet)
+    assert "inventory:" not in named.stderr, named.stderr

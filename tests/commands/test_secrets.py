@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+import fleetctl
+
 from fleetctl.errors import InputError
 from fleetctl.secrets import (
     REDACTED,
@@ -53,6 +55,29 @@ def assert_absent(text: str | bytes, *values: bytes) -> None:
     assert hits == [], f"planted value(s) #{hits} leaked"
 
 
+PACKAGE_DIR = os.path.dirname(os.path.realpath(fleetctl.__file__))
+
+
+def in_fleetctl(filename: str) -> bool:
+    """Whether a frame's file is a module of the fleetctl package itself: below the package's
+    own directory, not merely a path containing "fleetctl" (a clone in a directory named
+    fleetctl has that in every path, its tests and its venv included)."""
+    return os.path.realpath(filename).startswith(PACKAGE_DIR + os.sep)
+
+
+def test_the_frame_filter_takes_fleetctl_modules_only():
+    """The traceback search below looks at fleetctl's frames, never at the test's own (which
+    hold the planted values on purpose), wherever the clone is. Before, the filter was
+    ``"fleetctl/" in filename``: in a clone at ``.../fleetctl/`` every frame matched and the
+    leak tests failed on the values they planted themselves."""
+    import fleetctl.secrets
+
+    assert in_fleetctl(fleetctl.secrets.__file__)
+    assert not in_fleetctl(__file__)
+    assert not in_fleetctl(pytest.__file__)
+    assert not in_fleetctl(PACKAGE_DIR + "-other" + os.sep + "x.py")
+
+
 def every_text(exc: BaseException) -> str:
     """Everything a traceback of ``exc`` could show: the formatted chain, plus the repr of every
     local of every fleetctl frame it passed through (what ``--showlocals`` or rich would print).
@@ -63,7 +88,7 @@ def every_text(exc: BaseException) -> str:
     while seen is not None:
         tb = seen.__traceback__
         while tb is not None:
-            if "fleetctl" + os.sep in tb.tb_frame.f_code.co_filename:
+            if in_fleetctl(tb.tb_frame.f_code.co_filename):
                 parts += [f"{k}={v!r}" for k, v in tb.tb_frame.f_locals.items()]
             tb = tb.tb_next
         seen = seen.__cause__ or seen.__context__

@@ -287,3 +287,42 @@ def test_a_secret_file_open_to_others_is_unchecked_not_read(fleet):
     assert run.code == 0 and run.host("h")["changes"] == []
     assert stat.S_IMODE(os.stat(src).st_mode) == 0o644
     assert "value-from-file" not in run.stdout + run.stderr
+
+
+def test_ship_lists_each_missing_secret_on_its_own_line_with_the_chmod_fix(fleet):
+    """Three grants' secrets unavailable (an unset variable, a secret file others can read, a
+    missing program): ship's text output gives each its own line naming the grant, its agent
+    and its source, and the too-open file's line and the hint carry ``chmod 600 PATH``; the
+    file's mode is left as it was. Before: all on one line joined by "; ", and the chmod hint
+    of the file source was dropped for a generic one."""
+    roles = {"worker": {"prompt": "w", "capabilities": ["tok", "db"]}}
+    fleet.bp = make_project(fleet.tmp / "three", {
+        "runner": {"run": "r\n"}, "credentials": {"tok": TOKEN_CAP, "db": DB_CAP}}, roles=roles)
+    loose = fleet.tmp / "db-secret"
+    loose.write_text("value-in-a-loose-file\n")
+    os.chmod(loose, 0o644)
+    fleet.monkeypatch.delenv("TOK_NONE", raising=False)
+    inv = {"h": local_host(fleet.root, {
+        "a": {"role": "worker", "user": fleet.a,
+              "grants": {"tok": {"scope": {}, "secret": {"env": "TOK_NONE"}},
+                         "db": {"scope": {}, "secret": {"file": str(loose)}}}},
+        "b": {"role": "worker", "user": fleet.b,
+              "grants": {"tok": {"scope": {}, "secret": {"command": ["/nonexistent/vault"]}}}}})}
+    write_inventory(fleet.inv, inv)
+    run = fleet.run("ship", "--yes")
+    assert run.code == 2, run.stdout + run.stderr
+    lines = (run.stdout + run.stderr).splitlines()
+    first = next(i for i, ln in enumerate(lines) if "3 secret(s)" in ln)
+    assert lines[first].startswith("h: error"), lines[first]
+    grants = {ln.split(" (")[0]: ln for ln in lines[first + 1:first + 4]}
+    assert sorted(grants) == [
+        "  grant db of agent a", "  grant tok of agent a", "  grant tok of agent b"], grants
+    assert "environment variable TOK_NONE" in grants["  grant tok of agent a"]
+    assert f"fix: chmod 600 {loose}" in grants["  grant db of agent a"]
+    assert "mode 0644" in grants["  grant db of agent a"]
+    assert "command /nonexistent/vault" in grants["  grant tok of agent b"]
+    hints = [ln for ln in lines if ln.strip().startswith("hint:")]
+    assert any(f"chmod 600 {loose}" in ln for ln in hints), hints
+    assert stat.S_IMODE(os.stat(loose).st_mode) == 0o644
+    assert not fleet.root.exists()
+    assert "value-in-a-loose-file" not in run.stdout + run.stderr

@@ -134,7 +134,8 @@ def _commit_note(result: HostResult) -> str:
 
 
 def summary_line(result: HostResult) -> str:
-    """A one-line, plain-text summary of a host's result."""
+    """A plain-text summary of a host's result: one line, and for an error about several
+    things one more line for each."""
     n = len(result.changes)
     if result.status == "in-sync":
         return f"{result.host}: in sync (release {result.release or 'none'}{_commit_note(result)})"
@@ -162,7 +163,11 @@ def summary_line(result: HostResult) -> str:
     error = result.error or ""
     if error.startswith(result.host + ": "):
         error = error[len(result.host) + 2:]
-    return f"{result.host}: {result.status}{where}: {printable(error)}{units}"
+    # An error about several things (every missing secret, every path refused) carries one
+    # per line after its first: each line is escaped on its own and indented under the host.
+    head, *more = error.split("\n")
+    return f"{result.host}: {result.status}{where}: {printable(head)}{units}" + "".join(
+        f"\n  {printable(line.strip())}" for line in more)
 
 
 FIRST_SHIP_LISTED = 10
