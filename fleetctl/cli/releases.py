@@ -26,8 +26,8 @@ from fleetctl.cli.common import (
     ReportTarget,
     TimeoutOpt,
     err,
-    inventory_path,
     guard,
+    inventory_path,
     load_project,
 )
 from fleetctl.errors import (

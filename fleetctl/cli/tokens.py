@@ -29,8 +29,8 @@ from fleetctl.cli.common import (
     InventoryOpt,
     OutputOpt,
     find_project,
-    inventory_path,
     guard,
+    inventory_path,
 )
 
 
