@@ -40,7 +40,7 @@ from typing import Any
 
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError
 from fleetctl.names import escape_name, printable, safe_text
-from fleetctl.yamlfile import display_path, line_of, load_yaml
+from fleetctl.yamlfile import display_path, input_error, line_of, load_yaml
 
 SCHEMA_VERSION = 1
 COMMAND = "report"
@@ -493,6 +493,39 @@ class Acceptance:
 
 
 _ENTRY_KEYS = {"host", "check", "kind", "path", "rule", "subject", "reason", "expires"}
+_DATE_HINT = "expires: YYYY-MM-DD, the last day the entry holds (UTC), e.g. expires: 2026-12-31"
+
+
+def parse_expires(value: Any) -> dt.date:
+    """The day an allowlist entry's ``expires`` names: a ``YYYY-MM-DD`` string, or the
+    ``datetime.date`` PyYAML makes of an unquoted one.
+
+    Raises:
+        ValueError: anything else, its text saying what was found: a date and time (PyYAML's
+            ``datetime``, with or without a zone: an acceptance ends with a day, in UTC), a
+            number (``20261201``), yes/no, a string that is no day of the calendar
+            (``2026-13-01``, ``2026-02-30``: :mod:`fleetctl.yamlfile` keeps those as written)
+            or not a date at all (``yesterday``).
+    """
+    if isinstance(value, dt.datetime):
+        zone = " with a time zone" if value.tzinfo is not None else ""
+        raise ValueError(f"{value.isoformat(sep=' ')} is a date and time{zone}, not a day")
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is yes/no to YAML, not a date")
+    if isinstance(value, (int, float)):
+        raise ValueError(f"{value} is a number to YAML, not a date")
+    if not isinstance(value, str):
+        raise ValueError(f"expected a date, got a {type(value).__name__}")
+    text = value.strip()
+    if not (len(text) == 10 and text[4] == text[7] == "-"
+            and (text[:4] + text[5:7] + text[8:]).isdigit()):
+        raise ValueError(f"{printable(text)!r} is not a date")
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is no day of the calendar ({exc})") from None
 
 
 def load_allowlist(path: Path) -> list[Acceptance]:
@@ -501,11 +534,12 @@ def load_allowlist(path: Path) -> list[Acceptance]:
     Each entry: ``host`` (or ``*``); ``kind`` (or ``rule``, the same for a credentials rule);
     ``path`` (a path finding) or ``subject`` (``AGENT``, ``AGENT/CAPABILITY``, ``AGENT/TOOL``,
     ``commit``, an account line); ``reason`` (not empty); ``expires`` (``YYYY-MM-DD``, the last
-    day it holds); optional ``check``.
+    day it holds, see :func:`parse_expires`); optional ``check``.
 
     Raises:
         InputError: the file is missing or not YAML, or an entry lacks a key, has an unknown
-            one, an unknown kind or check, or a bad date; the message names file and line.
+            one, an unknown kind or check, or a bad date; the message names the file, the line
+            of the key (of the entry for a missing key) and the key (``accept[2].expires``).
     """
     data, node = load_yaml(path)
     where = display_path(path)
@@ -516,42 +550,45 @@ def load_allowlist(path: Path) -> list[Acceptance]:
                          hint="see docs/report.md#the-allowlist")
     entries = data.get("accept") or []
     if not isinstance(entries, list):
-        raise InputError(f"{where}:{line_of(node, ['accept']) or 1}: accept: expected a list")
+        raise input_error(path, node, ["accept"], "expected a list")
     kinds = set(all_kinds())
     out = []
     for i, e in enumerate(entries):
-        at = f"{where}:{line_of(node, ['accept', i]) or 1}: accept[{i}]"
+        def bad(key: str | None, problem: str, hint: str | None = None,
+                i: int = i) -> InputError:
+            return input_error(path, node, ["accept", i] + ([key] if key else []), problem,
+                               hint)
+
         if not isinstance(e, dict):
-            raise InputError(f"{at}: expected a mapping")
+            raise bad(None, "expected a mapping")
         unknown = sorted(set(map(str, e)) - _ENTRY_KEYS)
         if unknown:
-            raise InputError(f"{at}: unknown key {', '.join(unknown)}",
-                             hint="keys: " + ", ".join(sorted(_ENTRY_KEYS)))
+            raise bad(unknown[0], f"unknown key {', '.join(unknown)}",
+                      "keys: " + ", ".join(sorted(_ENTRY_KEYS)))
         subjects = [k for k in ("path", "subject") if k in e]
         if len(subjects) != 1:
-            raise InputError(f"{at}: give exactly one of path, subject")
+            raise bad(None, "give exactly one of path, subject")
         kind_keys = [k for k in ("kind", "rule") if k in e]
         if len(kind_keys) != 1:
-            raise InputError(f"{at}: give exactly one of kind, rule (a credentials rule id)")
-        e = dict(e, kind=e[kind_keys[0]])
-        for key in ("host", "kind", "reason", "expires", subjects[0]):
+            raise bad(None, "give exactly one of kind, rule (a credentials rule id)")
+        for key in ("host", kind_keys[0], "reason", "expires", subjects[0]):
             if e.get(key) in (None, ""):
-                raise InputError(f"{at}: {key}: missing")
-        if e["kind"] not in kinds:
-            raise InputError(f"{at}: kind: unknown kind {e['kind']!r}",
-                             hint="kinds: " + ", ".join(all_kinds()))
+                hint = _DATE_HINT if key == "expires" else None
+                raise bad(key, "empty", hint) if key in e else \
+                    bad(None, f"{key}: missing", hint)
+        kind = e[kind_keys[0]]
+        if kind not in kinds:
+            raise bad(kind_keys[0], f"unknown kind {printable(str(kind))!r}",
+                      "kinds: " + ", ".join(all_kinds()))
         if e.get("check") is not None and e["check"] not in CHECKS:
-            raise InputError(f"{at}: check: expected one of {', '.join(CHECKS)}")
-        expires = e["expires"]
-        if isinstance(expires, str):
-            try:
-                expires = dt.date.fromisoformat(expires)
-            except ValueError:
-                expires = None
-        if not isinstance(expires, dt.date) or isinstance(expires, dt.datetime):
-            raise InputError(f"{at}: expires: expected a date, YYYY-MM-DD")
-        out.append(Acceptance(str(e["host"]), str(e["kind"]), str(e[subjects[0]]),
-                              str(e["reason"]), expires, e.get("check"), at.split(": ")[0]))
+            raise bad("check", f"expected one of {', '.join(CHECKS)}")
+        try:
+            expires = parse_expires(e["expires"])
+        except ValueError as exc:
+            raise bad("expires", f"{exc}: expected a date, YYYY-MM-DD", _DATE_HINT) from None
+        out.append(Acceptance(str(e["host"]), str(kind), str(e[subjects[0]]),
+                              str(e["reason"]), expires, e.get("check"),
+                              f"{where}:{line_of(node, ['accept', i]) or 1}"))
     return out
 
 

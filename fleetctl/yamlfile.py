@@ -46,6 +46,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_timestamp(self, node):
+        """A scalar that looks like a YAML 1.1 timestamp but names no real day or time
+        (``2026-13-01``, ``2026-02-30``) stays the string that was written, as YAML 1.2 (which
+        has no timestamp type) reads it; PyYAML raises a bare ``ValueError`` without a line.
+        The key that wants a date then says which value is wrong, and where."""
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError:
+            return self.construct_scalar(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp",
+                                 _UniqueKeyLoader.construct_yaml_timestamp)
+
 
 def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     """Parse ``path`` and return ``(data, node tree)``; the node tree locates keys by line.

@@ -228,12 +228,13 @@ def test_allowlist_errors_name_file_and_line(tmp_path):
                      "    reason: r\n    expires: someday\n")
     run = report(inv, bp, "--allowlist", str(allow))
     assert run.code == 2 and run.stdout == ""
-    assert "accepted.yaml:2: accept[0]: expires: expected a date" in run.stderr
+    assert "accepted.yaml:6: accept[0].expires: 'someday' is not a date" in run.stderr
     assert "Traceback" not in run.stderr
     allow.write_text("accept:\n  - host: h1\n    path: runner/a.txt\n    kind: handpatch\n"
                      "    reason: r\n    expires: 2027-01-01\n")
     run = report(inv, bp, "--allowlist", str(allow))
-    assert run.code == 2 and "kind: unknown kind 'handpatch'" in run.stderr
+    assert run.code == 2 and "accepted.yaml:4: accept[0].kind: unknown kind 'handpatch'" in \
+        run.stderr
 
 
 def test_fail_on_kinds(tmp_path):
