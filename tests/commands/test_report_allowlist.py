@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
