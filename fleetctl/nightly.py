@@ -132,19 +132,51 @@ def finding_id(key: Iterable[str]) -> str:
 
 @dataclass(slots=True)
 class CheckResult:
-    """How one check went on one host: ``ok``, ``findings``, ``error`` or ``skipped`` (nothing
-    to check: tokens on a host without agents). ``error`` carries a one-line ``error``."""
+    """How one check went on one host: ``ok``, ``findings``, ``error`` (it could not run, or
+    what it is about could not be read: exit 2) or ``skipped`` (nothing to check: tokens on a
+    host without agents). ``error`` carries a one-line ``error``.
+
+    ``not_checked``: the parts of a check that otherwise ran which could not be checked, one
+    line each with its reason (a grant whose secret the run did not have); the check is then
+    never shown as plainly ``ok`` or as a passing test case.
+    """
 
     host: str
     check: str
     status: str
     error: str | None = None
     hint: str | None = None
+    not_checked: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "check": self.check, "status": self.status,
                 "error": safe_text(self.error) if self.error else None,
-                "hint": safe_text(self.hint) if self.hint else None}
+                "hint": safe_text(self.hint) if self.hint else None,
+                "not_checked": [safe_text(n) for n in self.not_checked]}
+
+
+def settle_checks(checks: list[CheckResult]) -> list[CheckResult]:
+    """The checks as they may be reported: a check whose subject could not be read is not
+    checked, whatever it found offline (a pure function; returns new records).
+
+    The token audit measures each agent's prefix from the blueprint, offline; what it says is
+    about the host only when the host runs that blueprint, which drift tells. When drift could
+    not run on a host (unreachable, host key refused, timed out), the host's ``tokens`` check
+    becomes ``error`` naming why: an unreachable host's tokens column once said ``ok``. Its
+    findings stay (they hold for the blueprint), and, as for any check that did not run, last
+    night's findings of it are carried as ``unchecked``, never ``resolved``.
+    """
+    drift_down = {c.host: c for c in checks if c.check == "drift" and c.status == "error"}
+    out = []
+    for c in checks:
+        down = drift_down.get(c.host)
+        if c.check == "tokens" and down is not None and c.status in ("ok", "findings"):
+            c = CheckResult(c.host, c.check, "error",
+                            "not checked: the host could not be read (drift: "
+                            f"{down.error or 'error'}), so what its agents run is not known",
+                            down.hint, list(c.not_checked))
+        out.append(c)
+    return out
 
 
 @dataclass(slots=True)
@@ -303,6 +335,12 @@ def host_record(result: Any) -> dict[str, Any]:
                                  for u in getattr(result, "unchecked", [])]}
 
 
+def unchecked_grant_text(u: dict[str, Any]) -> str:
+    """One grant whose secret was not available, as a part of drift not checked."""
+    return printable(f"{u.get('agent')}/{u.get('capability')}: {u.get('source_name')}: "
+                     f"{u.get('reason')}; its files were compared with the shipped record only")
+
+
 def thin(points: list[tuple[str, int]], limit: int = SERIES_POINTS_MAX) -> list[tuple[str, int]]:
     """At most ``limit`` points, evenly spaced, the first and last kept."""
     if len(points) <= limit:
@@ -393,7 +431,9 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
             message = (message or "") + "; unreadable: " + ", ".join(
                 printable(u.path) for u in r.unreadable[:5])
         checks.append(CheckResult(r.host, "drift", "error" if error else
-                                  ("findings" if found else "ok"), message, r.hint))
+                                  ("findings" if found else "ok"), message, r.hint,
+                                  [unchecked_grant_text(u.to_json())
+                                   for u in getattr(r, "unchecked", [])]))
     for a in creds.hosts:
         found = creds_findings(a)
         findings[a.host] += found
@@ -403,8 +443,9 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
             message = (message or "incomplete") + "; unreadable: " + ", ".join(
                 printable(p) for p, _ in a.unreadable[:5])
         checks.append(CheckResult(a.host, "creds", "error" if error else
-                                  ("findings" if found else "ok"), message, a.hint))
-    checks += _tokens_checks(blueprint, inventory, hosts, findings)
+                                  ("findings" if found else "ok"), message, a.hint,
+                                  [printable(k.describe()) for k in a.skipped]))
+    checks = settle_checks(checks + _tokens_checks(blueprint, inventory, hosts, findings))
     order = {c: i for i, c in enumerate(CHECKS)}
     checks.sort(key=lambda c: ([h.name for h in hosts].index(c.host), order[c.check]))
     return NightlyReport(

@@ -484,8 +484,9 @@ def test_a_grant_whose_secret_is_not_available_is_named_not_failed(tmp_path, hos
     assert fleet.run("ship", "--yes").code == 0
     monkeypatch.delenv("TOK_A")
     md = tmp_path / "r.md"
-    run = fleet.run("report", "--format", "json", "--markdown", str(md), "--no-ledgers",
-                    "--fail-on", "drift")
+    junit = tmp_path / "r.xml"
+    run = fleet.run("report", "--format", "json", "--markdown", str(md), "--junit", str(junit),
+                    "--no-ledgers", "--fail-on", "drift")
     assert run.code in (0, 2), run.stdout + run.stderr  # tokens: no runner in this blueprint
     jsonschema.Draft202012Validator(SCHEMA).validate(run.doc)
     (host,) = run.doc["hosts"]
@@ -496,3 +497,13 @@ def test_a_grant_whose_secret_is_not_available_is_named_not_failed(tmp_path, hos
     assert "unchecked: a/tok: environment variable TOK_A" in shown
     text = fleet.run("report", "--no-ledgers", "--fail-on", "drift")
     assert "unchecked: a/tok: environment variable TOK_A" in text.stdout
+    # The drift check ran in part: never a plain "ok" nor a passing JUnit case.
+    (drift,) = [c for c in run.doc["checks"] if c["check"] == "drift"]
+    assert drift["status"] == "ok" and len(drift["not_checked"]) == 1
+    assert "TOK_A" in drift["not_checked"][0]
+    assert "drift: ok, 1 not checked" in text.stdout
+    assert "| ok, 1 not checked |" in md.read_text()
+    case = next(c for s in JUnitXml.fromfile(str(junit)) if s.name == "fleetctl report: drift"
+                for c in s)
+    assert not case.is_passed and [type(r) for r in case.result] == [Skipped]
+    assert "TOK_A" in case.result[0].message

@@ -19,6 +19,7 @@ from typing import Any
 
 from fleetctl.cli.output.markdown import md_text
 from fleetctl.names import printable
+from fleetctl.nightly import unchecked_grant_text
 
 MARKDOWN_LIMIT_BYTES = 1024 * 1024
 """GitHub's limit for one step's job summary (1 MiB); the Markdown stays under it."""
@@ -74,10 +75,31 @@ def _commit_text(h: dict[str, Any]) -> str:
     return commit
 
 
-def _unchecked_text(u: dict[str, Any]) -> str:
-    """One grant whose secret was not available, for people (never a value)."""
-    return printable(f"{u.get('agent')}/{u.get('capability')}: {u.get('source_name')}: "
-                     f"{u.get('reason')}; its files were compared with the shipped record only")
+def check_cell(c: dict[str, Any] | None) -> str:
+    """What a host's cell for one check says: ``ok``, ``findings``, ``ERROR``, ``-`` (nothing
+    to check), and ``, N not checked`` after ``ok`` or ``findings`` when parts of the check
+    could not run; never a plain ``ok`` for a check that did not run whole."""
+    if c is None:
+        return "-"
+    text = _CHECK_STATUS.get(c["status"], c["status"])
+    parts = c.get("not_checked") or []
+    return f"{text}, {len(parts)} not checked" if parts and c["status"] in ("ok", "findings") \
+        else text
+
+
+def not_checked(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
+    """``(check, line)`` per part of a check on host ``name`` that could not run. A night
+    written before checks carried ``not_checked`` names drift's unchecked grants from the host."""
+    out = []
+    for c in doc["checks"]:
+        if c["host"] == name:
+            out += [(c["check"], printable(n)) for n in c.get("not_checked") or []]
+    if not any("not_checked" in c for c in doc["checks"]):
+        for h in doc["hosts"]:
+            if h["host"] == name:
+                out += [("drift", unchecked_grant_text(u)) for u in h.get("unchecked_grants")
+                        or []]
+    return out
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -113,7 +135,7 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
         errors = [c for c in checks.get(name, {}).values() if c["status"] == "error"]
         if quiet and not shown and not errors:
             continue
-        states = ", ".join(f"{c}: {_CHECK_STATUS[checks[name][c]['status']]}"
+        states = ", ".join(f"{c}: {check_cell(checks[name][c])}"
                            for c in ("drift", "creds", "tokens") if c in checks.get(name, {}))
         lines.append(f"{printable(name)}: {states}; release {host.get('release') or '-'}, "
                      f"commit {_commit_text(host)}")
@@ -121,8 +143,7 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
             lines.append(f"  {c['check']} error: {printable(c['error'] or '')}"
                          + (f" (hint: {printable(c['hint'])})" if c.get("hint") else ""))
         if not quiet:
-            lines += [f"  unchecked: {_unchecked_text(u)}"
-                      for u in host.get("unchecked_grants") or []]
+            lines += [f"  {check} unchecked: {text}" for check, text in not_checked(doc, name)]
         for f in shown:
             note = _accept_note(f)
             lines.append(f"  [{_STATE_MARK[f['state']]}{', FAILS' if f['fails'] else ''}] "
@@ -166,15 +187,15 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
         host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name), {})
         mine = [f for f in doc["findings"] if f["host"] == name
                 and f["state"] not in ("resolved", "unchecked")]
-        cells = [_CHECK_STATUS[checks[name][c]["status"]] if c in checks.get(name, {}) else "-"
-                 for c in ("drift", "creds", "tokens")]
+        cells = [md_text(check_cell(checks.get(name, {}).get(c))) for c in ("drift", "creds",
+                                                                           "tokens")]
         out.append(f"| {md_text(name)} | {' | '.join(cells)} | "
                    f"{md_text(host.get('release') or '-')} | {md_text(_commit_text(host))} | "
                    f"{len(mine)} | {sum(1 for f in mine if f['fails'])} | "
                    f"{sum(1 for f in mine if f['state'] == 'new')} |")
     budget = limit_bytes - _MD_RESERVE_BYTES
     total = len(doc["findings"])
-    unchecked = {h["host"]: h.get("unchecked_grants") or [] for h in doc["hosts"]}
+    unchecked = {name: not_checked(doc, name) for name in _host_names(doc)}
     blocks = []
     for name in _host_names(doc):
         mine = [f for f in doc["findings"] if f["host"] == name]
@@ -189,7 +210,7 @@ def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) ->
                 ""]
         head += [f"- **{c['check']} could not run**: {md_text(c['error'] or '')}"
                  + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "") for c in errors]
-        head += [f"- unchecked: {md_text(_unchecked_text(u))}" for u in unchecked.get(name, [])]
+        head += [f"- {check} unchecked: {md_text(text)}" for check, text in unchecked[name]]
         blocks.append((head, mine))
     # Every host's headline is kept; the rows share what is left, host by host, a host's
     # unused share going to the next.
@@ -249,8 +270,10 @@ def to_junit(doc: dict[str, Any]) -> str:
     """JUnit XML written with ``junitparser``: one test suite per check, one test case per host
     (``classname`` ``fleetctl.CHECK``, ``name`` the host). A case fails when findings of it fail
     (the failure's ``type`` is the kinds, its text one line per finding), errors when the check
-    could not run, is skipped when there was nothing to check; findings that do not fail
-    (accepted, or outside ``--fail-on``) are listed in its ``system-out``."""
+    could not run, is skipped when there was nothing to check or when parts of the check could
+    not run (the skip's message names them): a check that did not run whole is never a passing
+    case. Findings that do not fail (accepted, or outside ``--fail-on``) and the parts not
+    checked are listed in its ``system-out``."""
     from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
     from junitparser.junitparser import FinalResult
 
@@ -281,12 +304,15 @@ def to_junit(doc: dict[str, Any]) -> str:
                 results.append(fail)
             if c["status"] == "skipped":
                 results.append(Skipped("nothing to check on this host"))
+            parts = [printable(n) for n in c.get("not_checked") or []]
+            if parts and not results:  # ran in part: not a pass, and never hidden
+                results.append(Skipped(f"not checked: {'; '.join(parts)}"))
             case.result = results
-            quiet = [f for f in mine if not f["fails"]]
+            quiet = [f"[{f['state']}{', accepted' if f.get('accepted') else ''}] {f['kind']}: "
+                     f"{printable(f['message'])}" for f in mine if not f["fails"]]
+            quiet += [f"[not checked] {n}" for n in parts]
             if quiet:
-                case.system_out = "\n".join(
-                    f"[{f['state']}{', accepted' if f.get('accepted') else ''}] {f['kind']}: "
-                    f"{printable(f['message'])}" for f in quiet) + "\n"
+                case.system_out = "\n".join(quiet) + "\n"
             suite.add_testcase(case)
         suite.update_statistics()
         xml.add_testsuite(suite)
@@ -316,7 +342,7 @@ table{border-collapse:collapse;margin:.5em 0}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
 td.path{font-family:ui-monospace,monospace;word-break:break-all;max-width:40em}
 .ok{background:#e6f4ea}.findings{background:#fff4d6}.error{background:#fde2e1}
-.skipped{color:#888}.fails{font-weight:bold;color:#b00020}
+.skipped{color:#888}.partial{background:#fff4d6;font-style:italic}.fails{font-weight:bold;color:#b00020}
 tr[hidden]{display:none}#filters label{margin-right:1em}
 figure{margin:.5em 0}svg text{font:11px system-ui,sans-serif}
 """
@@ -484,9 +510,12 @@ def to_html(doc: dict[str, Any]) -> str:
         for c in ("drift", "creds", "tokens"):
             r = checks.get(name, {}).get(c)
             status = r["status"] if r else "skipped"
-            tip = f' title="{_e(r["error"])}"' if r and r.get("error") else ""
-            cells.append(f'<td class="check {status}" data-check="{c}"{tip}>'
-                         f"{_e(_CHECK_STATUS[status])}</td>")
+            parts = (r.get("not_checked") or []) if r else []
+            why = "; ".join(([r["error"]] if r and r.get("error") else []) + parts)
+            tip = f' title="{_e(why)}"' if why else ""
+            partial = " partial" if parts and status in ("ok", "findings") else ""
+            cells.append(f'<td class="check {status}{partial}" data-check="{c}"{tip}>'
+                         f"{_e(check_cell(r))}</td>")
         p.append(f'<tr data-host="{_e(name)}"><th scope="row">{_e(name)}</th>{"".join(cells)}'
                  f"<td>{_e(host.get('release') or '-')}</td><td>{_e(_commit_text(host))}</td>"
                  f"<td>{len(mine)}</td><td>{sum(1 for f in mine if f['fails'])}</td></tr>")
@@ -523,11 +552,12 @@ def to_html(doc: dict[str, Any]) -> str:
                  f'<td class="path">{_e(f["subject"])}</td><td>{_e(f["message"])}</td>'
                  f"<td>{_e(_since(f))}</td><td>{_e(_accept_note(f))}</td></tr>")
     p.append("</tbody></table></section>")
-    unchecked = [(h["host"], u) for h in doc["hosts"] for u in h.get("unchecked_grants") or []]
+    unchecked = [(name, check, text) for name in _host_names(doc)
+                 for check, text in not_checked(doc, name)]
     if unchecked:
-        p.append('<section id="unchecked"><h2>Grants not checked (secret not available)</h2><ul>'
-                 + "".join(f"<li>{_e(host)}: {_e(_unchecked_text(u))}</li>"
-                           for host, u in unchecked) + "</ul></section>")
+        p.append('<section id="unchecked"><h2>Not checked (parts of a check that could not '
+                 'run)</h2><ul>' + "".join(f"<li>{_e(host)}: {_e(check)}: {_e(text)}</li>"
+                                         for host, check, text in unchecked) + "</ul></section>")
     errors = [c for c in doc["checks"] if c["status"] == "error"]
     if errors:
         p.append('<section id="errors"><h2>Checks that could not run</h2><ul>'
