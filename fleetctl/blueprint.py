@@ -56,7 +56,7 @@ def _mode(value: str | None) -> str | None:
     if not isinstance(value, str):
         # YAML reads an unquoted 0644 as the integer 420: refuse rather than guess.
         raise ValueError("mode must be a quoted octal string such as \"0644\"")
-    if not _MODE.match(value):
+    if not _MODE.fullmatch(value):
         raise ValueError("mode must be 3 or 4 octal digits such as \"0644\" or \"1777\" "
                          f"(quoted), got {value!r}")
     return value.rjust(4, "0")
@@ -65,7 +65,7 @@ def _mode(value: str | None) -> str | None:
 def _owner(value: str | None) -> str | None:
     # Both names, as the host's passwd and group files know them: a scan reports owners as
     # "user:group" names, so a bare user or a numeric id would drift forever.
-    if value is not None and not _OWNER.match(value):
+    if value is not None and not _OWNER.fullmatch(value):
         raise ValueError(f"owner must be \"user:group\" names, got {value!r}")
     return value
 

@@ -145,7 +145,7 @@ def load_capabilities(credentials_dir: Path) -> dict[str, Capability]:
         if not entry.is_dir():
             continue
         spec_path = entry / CAPABILITY_FILE
-        if not _NAME.match(entry.name):
+        if not _NAME.fullmatch(entry.name):
             raise InputError(f"{display_path(entry)}: capability name {entry.name!r} must be "
                              "lower-case letters, digits, '.', '_' or '-'")
         if not spec_path.is_file():
@@ -173,7 +173,7 @@ def load_capabilities(credentials_dir: Path) -> dict[str, Capability]:
             if template.name == CAPABILITY_FILE or not template.name.endswith(TEMPLATE_SUFFIX):
                 continue
             out = template.name[: -len(TEMPLATE_SUFFIX)]
-            if not _FILE_NAME.match(out):
+            if not _FILE_NAME.fullmatch(out):
                 raise InputError(f"{display_path(template)}: renders to {out!r}, which is not a "
                                  "plain file name (letters, digits, '.', '_', '-')")
             _check_template(template)

@@ -30,7 +30,7 @@ _HOME = re.compile(r"^/[A-Za-z0-9/._+@-]*$")
 
 
 def _check_name(value: str, what: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise ValueError(f"{what} name {value!r} must be letters, digits, '.', '_' or '-'")
     return value
 
@@ -59,7 +59,7 @@ class AgentSpec(BaseModel):
     def _absolute_home(cls, value: str | None) -> str | None:
         # /etc/passwd is colon-separated lines and the unit file reads whitespace and % itself:
         # a HOME carrying one would be misread, so only plain path characters pass.
-        if value is not None and (not _HOME.match(value) or value.rstrip("/") == "" or
+        if value is not None and (not _HOME.fullmatch(value) or value.rstrip("/") == "" or
                                   ".." in value.split("/")):
             raise ValueError("must be an absolute path on the host (not /) of letters, digits "
                              f"and / . _ + @ -, got {value!r}")

@@ -136,10 +136,12 @@ LEFTOVER_PREFIX = ".fleetctl-new-"
 UNIT_PREFIX = "fleet-runner-"
 UNIT_SUFFIX = ".service"
 #: A user or group name fleetctl creates (useradd's portable subset).
+#: (pydantic's pattern: its regex engine's ``$`` is the end of the value.)
 ACCOUNT_NAME_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
-ACCOUNT_NAME = re.compile(ACCOUNT_NAME_PATTERN)
-#: A release id: a directory name under ``releases/``.
-RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+#: The same, whole value even with ``match``: Python's ``$`` also matches before a final newline.
+ACCOUNT_NAME = re.compile(ACCOUNT_NAME_PATTERN[:-1] + r"\Z")
+#: A release id: a directory name under ``releases/`` (``\Z``: the whole value, with ``match``).
+RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\Z")
 #: The manifest entry types.
 ENTRY_TYPES = ("file", "dir", "symlink", "other")
 

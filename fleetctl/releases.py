@@ -35,7 +35,7 @@ def _commit(source: Any) -> tuple[str | None, bool | None]:
         return None, None
     commit = source.get("commit")
     clean = source.get("clean")
-    return (commit if isinstance(commit, str) and _COMMIT.match(commit) else None,
+    return (commit if isinstance(commit, str) and _COMMIT.fullmatch(commit) else None,
             clean if isinstance(clean, bool) else None)
 
 
@@ -148,11 +148,11 @@ def read_releases(host: Host) -> HostReleases:
         kind = event.get("t")
         if kind == "releases":
             current = event.get("current")
-            out.current = current if isinstance(current, str) and _RELEASE_ID.match(current) \
+            out.current = current if isinstance(current, str) and _RELEASE_ID.fullmatch(current) \
                 else None
         elif kind == "release":
             rid = event.get("id")
-            if not isinstance(rid, str) or not _RELEASE_ID.match(rid):
+            if not isinstance(rid, str) or not _RELEASE_ID.fullmatch(rid):
                 out.warnings.append(f"skipped a release with a name that is not a release id: "
                                     f"{rid!r:.80}")
                 continue
@@ -184,9 +184,9 @@ def _history_entry(host: str, line: Any) -> HistoryEntry | None:
     if not isinstance(data, dict) or data.get("kind") not in ("ship", "rollback"):
         return None
     release, previous = _text(data.get("release")), _text(data.get("previous"))
-    if release is not None and not _RELEASE_ID.match(release):
+    if release is not None and not _RELEASE_ID.fullmatch(release):
         return None
-    if previous is not None and not _RELEASE_ID.match(previous):
+    if previous is not None and not _RELEASE_ID.fullmatch(previous):
         previous = None
     commit, clean = _commit(data.get("source"))
     return HistoryEntry(_text(data.get("host")) or host, data["kind"], _text(data.get("time")),
@@ -233,7 +233,7 @@ def rollback(host: Host, to: str | None = None, force: bool = False) -> Rollback
         ShipRefused: the host is locked by a ship, or the release was changed since it was
             shipped (its differences named) and ``force`` was not given.
     """
-    if to is not None and not _RELEASE_ID.match(to):
+    if to is not None and not _RELEASE_ID.fullmatch(to):
         raise HostError(f"{host.name}: {to!r} is not a release id",
                         hint=f"see `fleetctl releases {host.name}`")
     events = run_op(host, {"op": "rollback", "to": to, "force": force, "host": host.name,

@@ -147,7 +147,7 @@ class EnvSource(BaseModel):
     @field_validator("env")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
+        if not _ENV_NAME.fullmatch(value):
             raise ValueError(f"{value!r} is not an environment variable name")
         return value
 

@@ -36,14 +36,14 @@ def unit_name(agent: str) -> str:
 
 
 def _check_unit_values(host: Host) -> None:
-    if not _UNIT_PATH.match(host.root):
+    if not _UNIT_PATH.fullmatch(host.root):
         raise InputError(f"hosts.{host.name}.root: {host.root!r} cannot go into a systemd unit",
                          hint="with service: systemd the root may hold only letters, digits "
                          "and / . _ + : @ -")
     for agent in host.agents:
         # user and group are checked by the inventory (what useradd accepts); the HOME is any
         # absolute path there, so here it must also be one systemd reads as written.
-        if agent.home is not None and not _UNIT_PATH.match(agent.home):
+        if agent.home is not None and not _UNIT_PATH.fullmatch(agent.home):
             raise InputError(
                 f"hosts.{host.name}.agents.{agent.name}.home: {agent.home!r} cannot go into a "
                 "systemd unit", hint="a home is an absolute path of letters, digits and "

@@ -115,7 +115,7 @@ def rollback(emit, root, request):
         if found is not None and found["kind"] == FOREIGN_ENTRY:
             raise Stop("rollback", "failed", f"releases/{target} is not a release fleetctl made "
                        f"({found['reason']}): it is never a rollback target")
-        if not RELEASE_ID.match(target) or found is None or found["kind"] != RELEASE_ENTRY:
+        if not RELEASE_ID.fullmatch(target) or found is None or found["kind"] != RELEASE_ENTRY:
             raise Stop("rollback", "failed", "no release {} on the host (releases: {})".format(
                 target, ", ".join(state["releases"]) or "none"))
         if target == current:

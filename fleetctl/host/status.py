@@ -53,14 +53,18 @@ def _agent_status(root, agent):
             task_dir = os.path.join(runs, name)
             attempts = []
             for leaf in os.listdir(task_dir):
-                m = re.match(rb"^attempt-(\d+)\.json$", leaf)
+                m = re.fullmatch(rb"attempt-(\d+)\.json", leaf)
                 if m:
                     attempts.append(int(m.group(1)))
             last = _read_json_file(os.path.join(task_dir, b"attempt-%d.json" % max(attempts))) \
                 if attempts else None
+            result = _read_json_file(os.path.join(task_dir, b"result.json"))
+            # The directory is the id's encoded form (a ":" would split the agent's PATH):
+            # the id itself is in the records.
+            named = [d["task"] for d in (result, last)
+                     if isinstance(d, dict) and isinstance(d.get("task"), str)]
             out["last_task"] = {
-                "task": dec(name), "result": _read_json_file(os.path.join(task_dir,
-                                                                          b"result.json")),
+                "task": named[0] if named else dec(name), "result": result,
                 "attempts_recorded": len(attempts),
                 "last_verdict": (last or {}).get("verdict"),
                 "last_started": (last or {}).get("started"),

@@ -275,7 +275,7 @@ def find_profile(blueprint: Path, harness: str, toolset: str, version: str | Non
     directory = Path(blueprint) / PROFILE_DIR
     candidates = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        match = _FILE.match(path.name)
+        match = _FILE.fullmatch(path.name)
         if match and match["harness"] == harness and match["toolset"] == toolset \
                 and (version is None or match["version"] == version):
             candidates.append((_version_key(match["version"]), path))

@@ -57,7 +57,7 @@ def check_tools(server: str, tools: list[dict[str, Any]]) -> tuple[list[dict[str
     for tool in kept:
         name = tool["name"]
         sent = SENT_NAME.format(server=server, tool=name)
-        if not PROVIDER_NAME.match(name) or not PROVIDER_NAME.match(sent):
+        if not PROVIDER_NAME.fullmatch(name) or not PROVIDER_NAME.fullmatch(sent):
             why = []
             bad = sorted(set(_INVALID.findall(name)))
             if bad:

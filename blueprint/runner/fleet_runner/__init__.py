@@ -5,6 +5,8 @@ Standard library only: hosts get no pip installs. One module per job:
 - :mod:`fleet_runner.config`     the agent's config (``agents/<name>/agent.yaml``)
 - :mod:`fleet_runner.paths`      where the release, state and workspace are
 - :mod:`fleet_runner.inbox`      the message spool: claim, parse, finish
+- :mod:`fleet_runner.names`      a task id's file-name form (``:`` would split the agent's
+                                  PATH) and the one-line form of text in a log line
 - :mod:`fleet_runner.tokens`     token numbers for the host-side ledger: fleetctl's exact
                                   render-time ``o200k_base`` counts (``prefix-tokens.json``) when
                                   they describe the prefix built here, else a labelled estimate

@@ -88,7 +88,7 @@ def _json_objects(text: str) -> Iterator[dict[str, Any]]:
         if isinstance(whole, list):
             yield from (item for item in whole if isinstance(item, dict))
             return
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: U+2028 may be raw inside a JSON string
         line = line.strip()
         if not line.startswith("{"):
             continue
@@ -210,7 +210,7 @@ def read_agent_report(stdout_path: Path, env: Mapping[str, str]) -> AgentReport:
 
 
 def _json_objects_lines(text: str) -> Iterator[dict[str, Any]]:
-    for line in text.splitlines():
+    for line in text.split("\n"):
         try:
             value = json.loads(line)
         except ValueError:

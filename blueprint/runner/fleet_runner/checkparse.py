@@ -44,11 +44,11 @@ from dataclasses import dataclass
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
-_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)$")
+_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)\Z")
 _TSC_PRETTY = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?P<col>\d+) - "
-                         r"(?P<msg>(?:error|warning|message)\b.*)$")
-_PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)$")
-_ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*$")
+                         r"(?P<msg>(?:error|warning|message)\b.*)\Z")
+_PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)\Z")
+_ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*\Z")
 _CONTEXT = re.compile(r"^(\s|\d*\s*\|)")
 _NOISE = re.compile(
     r"^(?:"
@@ -58,20 +58,21 @@ _NOISE = re.compile(
     r"|No fixes available"
     r"|All checks passed!"
     r"|Success: no issues found"
-    r"|\d+ problems?(?: \(.*\))?$"
+    r"|\d+ problems?(?: \(.*\))?\Z"
     r"|In file included from "
     r"|\S.*: (?:In (?:member |static member )?function|In constructor|In destructor"
-    r"|In instantiation of|At top level|At global scope)\b.*:$"
-    r"|compilation terminated\.$"
-    r"|\d+ (?:warnings?|errors?)(?: and \d+ (?:warnings?|errors?))? generated\.$"
+    r"|In instantiation of|At top level|At global scope)\b.*:\Z"
+    r"|compilation terminated\.\Z"
+    r"|\d+ (?:warnings?|errors?)(?: and \d+ (?:warnings?|errors?))? generated\.\Z"
     r"|[^\s:]+: note: "
     r"|[\u2716\u2717xX] \d+ problems? \("
-    r"|Errors\s+Files$"
+    r"|Errors\s+Files\Z"
     r")")
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_STYLISH_ROW = re.compile(r"^\s+(?P<line>\d+):(?P<col>\d+)\s+(?P<sev>error|warning)\s+(?P<msg>.*)$")
-_FRAME = re.compile(r"^(?:\d+ |\s*~+\s*$|\s*$)")
-_ESLINT_SEVERITY = re.compile(r"\[(Error|Warning)/[^\]]*\]\s*$")
+_STYLISH_ROW = re.compile(r"^\s+(?P<line>\d+):(?P<col>\d+)\s+(?P<sev>error|warning)\s+"
+                          r"(?P<msg>.*)\Z")
+_FRAME = re.compile(r"^(?:\d+ |\s*~+\s*\Z|\s*\Z)")
+_ESLINT_SEVERITY = re.compile(r"\[(Error|Warning)/[^\]]*\]\s*\Z")
 
 
 @dataclass(frozen=True, slots=True)

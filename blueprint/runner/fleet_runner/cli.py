@@ -29,7 +29,7 @@ from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
-_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: the whole name
 
 
 def _denials(paths: AgentPaths, permission: str | None) -> int:
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if not _AGENT_NAME.match(args.agent):
+    if not _AGENT_NAME.fullmatch(args.agent):
         print(f"fleet-runner: --agent {args.agent!r}: letters, digits, '.', '_' or '-' (as in "
               "the inventory)", file=sys.stderr)
         return EXIT_ERROR

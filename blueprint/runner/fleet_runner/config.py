@@ -29,8 +29,8 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MAX_RETRIES = 2
 """Retries after a failed verification when the config has no ``max_retries``."""
 
-_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$")
-_SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s?(.*)")  # each pattern: fullmatch, whole value
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 VIA_MCP, VIA_BRIDGE = "mcp", "bridge"
 
 
@@ -219,7 +219,7 @@ def _parse_lines(text: str, where: str) -> tuple[dict[str, Any], dict[str, int]]
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        match = _LINE.match(line)
+        match = _LINE.fullmatch(line)
         if not match:
             raise ConfigError(f"{where}:{number}: expected 'key: <JSON value>', got {line[:60]!r}")
         key, raw = match.group(1), match.group(2).strip()
@@ -256,7 +256,7 @@ def _want(data: dict[str, Any], key: str, kinds: tuple[type, ...], at: _Where,
     return value
 
 
-_REF_NAME = re.compile(r"^[A-Za-z0-9._/-]+$")
+_REF_NAME = re.compile(r"[A-Za-z0-9._/-]+")
 
 
 def _sync(data: dict[str, Any], at: _Where) -> SyncConfig | None:
@@ -275,7 +275,7 @@ def _sync(data: dict[str, Any], at: _Where) -> SyncConfig | None:
         raise ConfigError(f"{where}: sync: unknown key(s) {', '.join(sorted(unknown))}")
     branch, remote = value.get("branch"), value.get("remote") or "origin"
     for key, name in (("branch", branch), ("remote", remote)):
-        if not isinstance(name, str) or not _REF_NAME.match(name) or name.startswith("-") \
+        if not isinstance(name, str) or not _REF_NAME.fullmatch(name) or name.startswith("-") \
                 or ".." in name or (key == "remote" and "/" in name):
             raise ConfigError(f"{where}: sync.{key}: expected a {key} name, got {name!r}")
     return SyncConfig(branch=branch, remote=remote)
@@ -330,7 +330,7 @@ def _mcp_servers(data: dict[str, Any], at: _Where) -> tuple[McpServer, ...]:
     out = []
     for name, spec in sorted((value or {}).items()):
         spot = f"{where}: mcp_servers.{name}"
-        if not _SERVER_NAME.match(name):
+        if not _SERVER_NAME.fullmatch(name):
             raise ConfigError(f"{spot}: a server name is 1 to 64 letters, digits, '_' or '-'")
         if not isinstance(spec, dict):
             raise ConfigError(f"{spot}: expected an object")

@@ -58,7 +58,9 @@ def escalate(*, release: Path, spool: Path, env: Mapping[str, str], agent: str, 
                 return {"via": "notify-cli", "id": done.stdout.decode().strip(), "error": None}
             stderr = done.stderr.decode(errors="replace")[-500:]
             error = f"notify exited {done.returncode}: {stderr}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            # ValueError: an argument no argv can carry (a NUL in a message's text): the
+            # runner writes the same message into the spool itself, below.
             error = f"notify failed: {exc}"
     else:
         error = f"{cli}: not in this release"

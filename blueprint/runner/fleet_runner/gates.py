@@ -71,9 +71,13 @@ OUTPUT_MAX_BYTES = 16_000
 
 def reply_command(task: str, channel: str | None) -> str:
     """The reply command line, quoted so it works pasted into a shell (``#chan`` would
-    otherwise start a comment)."""
-    return (f"reply --task {shlex.quote(task)} --channel {shlex.quote(str(channel))} "
-            "'YOUR ANSWER'")
+    otherwise start a comment); a channel that starts with ``-`` is given as
+    ``--channel=VALUE``, or the reply CLI would read it as an option."""
+    shown = str(channel)
+    option = f"--channel={shlex.quote(shown)}" if shown.startswith("-") \
+        else f"--channel {shlex.quote(shown)}"
+    return f"reply --task {shlex.quote(task)} {option} 'YOUR ANSWER'"
+
 
 @dataclass(frozen=True, slots=True)
 class GateResult:

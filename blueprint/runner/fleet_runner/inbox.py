@@ -11,7 +11,10 @@ A message file (UTF-8 JSON object)::
     }
 
 Other keys are kept and ignored. An id is 1 to 128 characters of letters, digits and
-``._:@+-``, starting with a letter or digit (it names files).
+``._:@+-``, starting with a letter or digit, checked on the whole value; it names files only
+in its encoded form (:func:`fleet_runner.names.encode_name`: ``:`` would split the agent's
+``PATH``). No string may hold a lone surrogate, and no name (id, ``from.name``, channel,
+``reply_to``) a NUL: neither can be carried where the runner puts it.
 
 Dropping a message (a chat bridge, ``fleetctl`` or an operator): write it to a name starting
 with ``.`` in the inbox, then rename it to a name ending in ``.json``. The runner skips dot-files
@@ -40,7 +43,22 @@ from typing import Any
 
 HUMAN = "human"
 AGENT = "agent"
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
+"""The whole id (``fullmatch``: with ``re.match`` a ``$`` also matched before a trailing newline,
+so ``"t1\\n"`` passed and split the runner's log)."""
+_NAME_FIELDS = ("id", "from.name", "channel", "reply_to")
+
+
+def _uncarried(value: str, name: bool) -> str | None:
+    """Why ``value`` cannot be carried where the runner puts it, or ``None``: a lone surrogate
+    (a ``\\udXXX`` escape that is not half of a pair) is no character and cannot be written as
+    UTF-8 (the prompt, the records, the reply); a NUL ends a C string, so no environment
+    variable or argument (``FLEET_CHANNEL``, ``reply --channel``) can hold a name with one."""
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        return "holds a lone surrogate (\\udXXX), which is not a character"
+    if name and "\0" in value:
+        return "holds a NUL character, which no argument or environment variable can carry"
+    return None
 
 
 class MessageError(Exception):
@@ -88,7 +106,7 @@ def parse_message(data: bytes) -> Message:
     if not isinstance(obj, dict):
         raise MessageError("not a JSON object")
     mid = obj.get("id")
-    if not isinstance(mid, str) or not _ID.match(mid):
+    if not isinstance(mid, str) or not _ID.fullmatch(mid):
         raise MessageError("id: required, 1-128 of letters, digits and ._:@+- "
                            "(starting with a letter or digit)")
     sender = obj.get("from")
@@ -114,6 +132,11 @@ def parse_message(data: bytes) -> Message:
     reply_to = obj.get("reply_to")
     if reply_to is not None and not isinstance(reply_to, str):
         raise MessageError("reply_to: must be a string or null")
+    for key, value in (("id", mid), ("from.name", name), ("channel", channel),
+                       ("reply_to", reply_to), ("text", text)):
+        why = _uncarried(value, key in _NAME_FIELDS) if isinstance(value, str) else None
+        if why:
+            raise MessageError(f"{key}: {why}")
     return Message(id=mid, sender_kind=sender["kind"], sender_name=name, channel=channel or None,
                    text=text, reply_to=reply_to, raw=obj)
 

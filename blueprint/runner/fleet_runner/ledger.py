@@ -61,7 +61,8 @@ def parse_usage(stdout_path: Path) -> dict[str, Any] | None:
             data = fh.read()
     except OSError:
         return None
-    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    # Lines end at "\n" only: a JSON string may hold U+2028 raw, a line end to splitlines.
+    lines = [ln for ln in data.decode("utf-8", "replace").split("\n") if ln.strip()]
     if not lines:
         return None
     try:

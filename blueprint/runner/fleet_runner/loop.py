@@ -69,6 +69,7 @@ from fleet_runner.inbox import Message, MessageError, Spool, parse_message, read
 from fleet_runner.invoke import kill_stale_group, process_start_ticks, reap_orphans, run_in_group
 from fleet_runner.ledger import ledger_record, parse_usage
 from fleet_runner.mcpconfig import write_mcp_config
+from fleet_runner.names import encode_name, one_line
 from fleet_runner.paths import AgentPaths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.progress import FINISHED, INTERRUPTED, RUNNING, TaskProgress
@@ -267,7 +268,8 @@ class RunnerOptions:
 
 
 def _log(agent: str, text: str) -> None:
-    print(f"fleet-runner[{agent}]: {text}", file=sys.stderr, flush=True)
+    # One event, one line: ids, channels, paths and tool output may hold newlines.
+    print(f"fleet-runner[{one_line(agent)}]: {one_line(text)}", file=sys.stderr, flush=True)
 
 
 def _interruption_text(entry: dict[str, Any]) -> str:
@@ -571,7 +573,7 @@ class Runner:
                 return "unreadable"
             self._note_unreadable(back, exc)
             return "unreadable"
-        task_dir = self.paths.runs / message.id
+        task_dir = self.paths.runs / encode_name(message.id)  # names.py: ":" would split PATH
         os.makedirs(task_dir, mode=0o700, exist_ok=True)
         try:
             progress = TaskProgress.load(task_dir / "progress.json", message.id, path.name)
@@ -942,7 +944,7 @@ class Runner:
         ``runs/<task>/`` with one user, ``STATE/agent/<task>/`` (the agent's) with two."""
         if self.users is None:
             return task.dir
-        path = self._agent_dir / task.message.id
+        path = self._agent_dir / encode_name(task.message.id)
         if not path.is_dir():
             os.makedirs(path, mode=0o700, exist_ok=True)
             os.chown(path, self.users.uid, self.users.gid)
@@ -952,7 +954,7 @@ class Runner:
         """The attempt's shims: readable, never writable, by the agent's user."""
         if self.users is None:
             return task.dir / f"attempt-{n}.shims"
-        return self.paths.state / SHIMS_DIR / f"{task.message.id}.{n}"
+        return self.paths.state / SHIMS_DIR / f"{encode_name(task.message.id)}.{n}"
 
     def _calls_log(self, task: _Task, n: int) -> Path:
         return self._agent_files(task) / f"attempt-{n}.calls"

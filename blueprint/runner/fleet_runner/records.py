@@ -59,8 +59,11 @@ def read_json(path: Path) -> Any:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line to ``path`` with a single ``O_APPEND`` write, then fsync."""
-    line = (json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    """Append one JSON line to ``path`` with a single ``O_APPEND`` write, then fsync.
+
+    The line is ASCII (``\\uXXXX`` escapes): a name from outside may hold U+2028 or U+0085,
+    which ``str.splitlines`` takes for line ends, so another reader would cut the record."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("ascii")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)

@@ -59,13 +59,13 @@ in ``.git/hooks`` does not run in the runner's git commands.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleet_runner.config import SyncConfig
+from fleet_runner.names import encode_name
 from fleet_runner.records import SCHEMA_VERSION, now_iso, read_json, write_json_atomic
 from fleet_runner.snapshot import fingerprint
 
@@ -410,7 +410,9 @@ def commits_since(workspace: Path, start: str) -> list[str]:
 
 def _wip_branch(workspace: Path, task: str, commit: str) -> str:
     """Create ``fleet-runner/wip/TASK[-N]`` at ``commit``; return its name."""
-    base = WIP_BRANCH_PREFIX + (re.sub(r"[^A-Za-z0-9._-]", "-", task).strip(".-") or "task")
+    # The id's encoded form (names.py), with every "." as %2E too: git refuses ".." and a
+    # ".lock" ending in a ref name, and "~" (only in a cut form).
+    base = WIP_BRANCH_PREFIX + encode_name(task).replace(".", "%2E").replace("~", "-")
     for n in range(1, 100):
         name = base if n == 1 else f"{base}-{n}"
         if git(workspace, "branch", name, commit, check=False).returncode == 0:
