@@ -32,7 +32,7 @@ from fleetctl.protocol import (
     is_credential_path,
 )
 
-RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: the whole name
 
 
 def list_releases(emit, root, request):
