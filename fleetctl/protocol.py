@@ -66,7 +66,7 @@ def read_frame(stream):
 # -- events ------------------------------------------------------------------------------------
 
 # Every event is a JSON object whose ``t`` is one of these.
-HELLO = "hello"  # user, group, uid, python: the account the program runs as
+HELLO = "hello"  # nonce (the request's), user, group, uid, python: the account it runs as
 STATE = "state"  # root_exists, current, current_kind, releases, shipped, identity, meta
 ENTRY = "entry"  # one manifest entry of the live tree (current/, then credentials/)
 SHIPPED = "shipped"  # one manifest entry of the shipped record

@@ -11,13 +11,14 @@ day-two operations (:mod:`fleetctl.hostops`) and ``tokens --live``.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from fleetctl import bundle
 from fleetctl.errors import HostError
-from fleetctl.hostevents import BadEvent, HostEvent, decode_event, error_from_event
+from fleetctl.hostevents import BadEvent, Hello, HostEvent, decode_event, error_from_event
 from fleetctl.protocol import encode_json, frame
 from fleetctl.transport import open_transport
 from fleetctl.transport.base import Channel, Transport
@@ -25,6 +26,14 @@ from fleetctl.transport.base import Channel, Transport
 #: Content is written to the host in slices of this size: the transport blocks while the
 #: host's pipe is full (that is the flow control), and no slice copies the content.
 SEND_CHUNK_BYTES = 1 << 18
+#: Seconds a program whose output ended is given to finish its stderr and exit before the
+#: channel is closed (so the reason it wrote last is not cut off).
+END_WAIT_S = 10.0
+#: What is kept of the login's output before the program's hello (quoted in an error): the
+#: last lines, each cut to this many bytes; and the bytes searched for a hello at most.
+NOISE_LINES = 20
+NOISE_LINE_BYTES = 300
+NOISE_BUFFER_BYTES = 1 << 20
 
 _ACTIVE: set[HostSession] = set()
 _ACTIVE_LOCK = threading.Lock()
@@ -80,9 +89,15 @@ class HostSession:
             raise HostError(f"{self.label}: interrupted; ended as it started")
         self.arm()
         self._buffer = b""
+        self._python = python
+        self._nonce = secrets.token_hex(16)
+        self._started = False
+        self._output_ended = False
+        self._noise: list[bytes] = []
         self._events = self._read_events()
         try:
-            self.send(frame(bundle.program()) + frame(encode_json(request)))
+            self.send(frame(bundle.program()) +
+                      frame(encode_json({**request, "nonce": self._nonce})))
         except OSError:
             if self._timed_out:
                 raise self.broken("it did not read its input") from None
@@ -157,17 +172,36 @@ class HostSession:
         while True:
             newline = self._buffer.find(b"\n")
             while newline < 0:
+                if not self._started and len(self._buffer) > NOISE_BUFFER_BYTES:
+                    # A login that prints without a newline: keep looking, in bounded memory.
+                    self._note_noise(self._buffer[:-NOISE_BUFFER_BYTES])
+                    self._buffer = self._buffer[-NOISE_BUFFER_BYTES:]
                 try:
                     block = self._chan.read(1 << 16)
                 except OSError as exc:
                     raise self.broken(str(exc)) from None
                 if not block:
-                    if self._buffer or self._timed_out:
-                        raise self.broken("output ended mid-line")
+                    self._output_ended = True
+                    if self._buffer or self._timed_out or not self._started:
+                        if not self._started:
+                            self._note_noise(self._buffer)
+                        raise self.broken("output ended mid-line" if self._started else
+                                          "it ended before it started")
                     return
                 self._buffer += block
                 newline = self._buffer.find(b"\n")
             line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
+            if not self._started:
+                # Before the program's first frame, stdout is the login's: what a shell
+                # start-up file or banner printed. Only the hello carrying this run's nonce
+                # starts the protocol; noise cannot know the nonce, so it cannot forge one.
+                hello = self._hello_in(line)
+                if hello is None:
+                    self._note_noise(line)
+                    continue
+                self._started = True
+                yield hello
+                continue
             try:
                 event = decode_event(line)
             except BadEvent as exc:
@@ -177,21 +211,74 @@ class HostSession:
                 raise error_from_event(self.label, event)
             yield event
 
+    def _hello_in(self, line: bytes) -> HostEvent | None:
+        """The program's hello if ``line`` is it (a ``hello`` event with this run's nonce)."""
+        if self._nonce.encode("ascii") not in line:
+            return None
+        try:
+            event = decode_event(line)
+        except BadEvent:
+            return None
+        if isinstance(event, Hello) and event.raw.get("nonce") == self._nonce:
+            return event
+        return None
+
+    def _note_noise(self, data: bytes) -> None:
+        """Keep the last lines the login printed before the program started (for an error)."""
+        for line in data.splitlines():
+            if line.strip():
+                self._noise.append(line[:NOISE_LINE_BYTES])
+        del self._noise[:-NOISE_LINES]
+
     def broken(self, why: str) -> HostError:
-        """Build the error for a run that ended abnormally, with the tail of its stderr."""
+        """Build the error for a run that ended abnormally, with the tail of its stderr.
+
+        When the program's output has ended, its stderr is read to its end (up to
+        :data:`END_WAIT_S` seconds) before the channel is closed, so the last thing the host
+        wrote, the reason, is in the message. A program that never sent its hello did not
+        start: the shell's exit status 127 or 126 (POSIX: command not found, not executable)
+        means the inventory's ``python:`` names no interpreter the host can run.
+        """
         if INTERRUPTED.is_set():
             return HostError(f"{self.label}: interrupted; if a ship was under way, the previous "
                              "release stays in use unless it had already switched (check with "
                              "drift)")
         if self._timed_out:
             return HostError(f"{self.label}: timed out; the operation was ended")
-        self._chan.kill()
-        tail = self._chan.stderr_tail().strip()
+        status = None
+        if self._output_ended:
+            tail = self._chan.stderr_tail(END_WAIT_S)
+            status = self._chan.ended(END_WAIT_S)
+            self._chan.kill()
+        else:
+            self._chan.kill()
+            tail = self._chan.stderr_tail()
+        tail = tail.strip()
         explained = self._transport.explain(tail)  # e.g. sudo refused (become: sudo)
         if explained is not None:
             return explained
         detail = f": {tail.splitlines()[-1]}" if tail else ""
-        return HostError(f"{self.label}: the host-side program failed ({why}){detail}")
+        if self._started:
+            return HostError(f"{self.label}: the host-side program failed ({why}){detail}")
+        return self._not_started(status, detail)
+
+    def _not_started(self, status: int | None, detail: str) -> HostError:
+        """The error for a program that never sent its hello (exit ``status``, stderr line)."""
+        noise = ""
+        if self._noise:
+            noise = (f"; before that the login printed {len(self._noise)} line(s), the last "
+                     f"{self._noise[-1].decode('utf-8', 'replace')!r}")
+        hint = (f"set `python:` for {self.label} in the inventory to the path of a Python 3.8 "
+                "or newer on the host (e.g. python: /usr/bin/python3)")
+        if status in (126, 127):
+            why = "not found" if status == 127 else "found but cannot be run"
+            return HostError(f"{self.label}: the interpreter {self._python!r} (the inventory's "
+                             f"`python:` setting) was {why} on the host (exit status {status})"
+                             f"{detail}{noise}", hint=hint)
+        shown = "unknown" if status is None or status < 0 else str(status)
+        return HostError(f"{self.label}: the host-side program did not start under "
+                         f"{self._python!r} (the inventory's `python:` setting; exit status "
+                         f"{shown}){detail}{noise}", hint=hint)
 
     # -- end -----------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.ssh_fixtures", "tests.runner_python"]
+pytest_plugins = ["tests.ssh_fixtures", "tests.runner_python", "tests.hostenv"]
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -135,6 +135,16 @@ class SshdBox:
         """
         return not self._stopped and self.process.poll() is None
 
+    def kill_sessions(self) -> int:
+        """SIGKILL every session process of this box (sshd's per-connection
+        children, the login shells and what they run); the listener keeps
+        accepting. Open connections drop, as when a host's sessions are
+        killed. Returns how many processes were killed.
+        """
+        if not self.alive():
+            return 0
+        return _kill_tree(self.process, keep_listener=True)
+
     def stop(self) -> None:
         """Kill sshd and all of its session processes, then wait for them.
 
@@ -228,6 +238,7 @@ def start_box(
     name: str,
     authorized: dict[str, ClientKey] | None = None,
     host_key: pathlib.Path | None = None,
+    umask: int | None = None,
 ) -> SshdBox:
     """Start a new sshd box on 127.0.0.1 and wait until it answers.
 
@@ -246,6 +257,8 @@ def start_box(
         host_key: Existing ed25519 (or other) private host key file to use,
             mode 0600 (e.g. to "restart" a box with the same identity). Its
             public key is derived with ``ssh-keygen -y``.
+        umask: The umask sshd runs with (its sessions inherit it: with
+            ``UsePAM no`` nothing resets it); ``None`` keeps this process's.
 
     Returns:
         The running box. Call :meth:`SshdBox.stop` when done (boxes still
@@ -292,7 +305,7 @@ def start_box(
     for _attempt in range(_PORT_ATTEMPTS):
         port = free_port()
         config_path.write_text(_sshd_config(box_dir, port, key_path))
-        process = _spawn_sshd(config_path, log_path)
+        process = _spawn_sshd(config_path, log_path, umask)
         outcome = _wait_ready(process, port, log_path, START_TIMEOUT)
         if outcome == "ready":
             box = SshdBox(
@@ -431,7 +444,8 @@ def _sshd_config(box_dir: pathlib.Path, port: int, host_key: pathlib.Path) -> st
     return "\n".join(lines) + "\n"
 
 
-def _spawn_sshd(config_path: pathlib.Path, log_path: pathlib.Path) -> subprocess.Popen:
+def _spawn_sshd(config_path: pathlib.Path, log_path: pathlib.Path,
+                umask: int | None = None) -> subprocess.Popen:
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [str(SSHD), "-D", "-e", "-f", str(config_path)],
@@ -440,6 +454,7 @@ def _spawn_sshd(config_path: pathlib.Path, log_path: pathlib.Path) -> subprocess
             stderr=log,
             start_new_session=True,
             close_fds=True,
+            umask=-1 if umask is None else umask,
         )
 
 
@@ -571,7 +586,7 @@ def _signal(pid: int, sig: int) -> None:
             raise
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
+def _kill_tree(process: subprocess.Popen, keep_listener: bool = False) -> int:
     """Kill an sshd listener and every process that came from it.
 
     sshd's per-connection children call setsid(), so they leave the
@@ -579,7 +594,10 @@ def _kill_tree(process: subprocess.Popen) -> None:
     listener and its descendants are frozen with SIGSTOP first so nothing new
     is forked (or re-parented away) while the tree is collected, then
     everything is SIGKILLed. Processes left in the sessions of those
-    children (e.g. backgrounded commands) are killed too.
+    children (e.g. backgrounded commands) are killed too. With
+    ``keep_listener`` the listener is let go on (SIGCONT) instead: only the
+    sessions die, as when a session's processes are killed on a real host.
+    Returns how many processes were killed.
     """
     me = os.getpid()
     own_sid = os.getsid(0)
@@ -604,13 +622,17 @@ def _kill_tree(process: subprocess.Popen) -> None:
         victims |= {
             pid for pid, (_pp, sid, _st) in table.items() if sid in sessions
         } - {me}
+        if keep_listener:
+            victims.discard(process.pid)
         for pid in victims:
             _signal(pid, signal.SIGKILL)
-        _signal(process.pid, signal.SIGKILL)
-    try:
-        process.wait(timeout=STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pass
+        _signal(process.pid, signal.SIGCONT if keep_listener else signal.SIGKILL)
+    killed = len(victims)
+    if not keep_listener:
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
     deadline = time.monotonic() + STOP_TIMEOUT
     while victims and time.monotonic() < deadline:
         table = _proc_table()
@@ -618,6 +640,7 @@ def _kill_tree(process: subprocess.Popen) -> None:
         victims = {p for p in victims if p in table and table[p][2] != "Z"}
         if victims:
             time.sleep(_POLL_INTERVAL)
+    return killed
 
 
 @atexit.register

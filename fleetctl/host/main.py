@@ -46,7 +46,10 @@ def main(emit, inp):
     request = read_json_frame(inp)
     root = enc(request["root"])
     uid, gid = os.geteuid(), os.getegid()
-    emit({"t": HELLO, "user": user_name(uid), "group": group_name(gid), "uid": uid,
+    # The nonce is the client's, from the request: the client takes this line, and no line the
+    # login's shell printed before it, as the start of the protocol.
+    emit({"t": HELLO, "nonce": request.get("nonce"), "user": user_name(uid),
+          "group": group_name(gid), "uid": uid,
           "python": ".".join(str(n) for n in sys.version_info[:3])})
     lock_fd = None
     created_root = False
@@ -108,6 +111,9 @@ def main(emit, inp):
 
 def run():
     """Run the program on this process's stdin and stdout; return the exit status."""
+    # A newline first: a shell start-up file that printed without one (``printf Welcome``)
+    # would otherwise share its line with the hello.
+    sys.stdout.buffer.write(b"\n")
     sink = StdoutSink(sys.stdout.buffer)
     try:
         return main(sink, sys.stdin.buffer)

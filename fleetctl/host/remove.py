@@ -15,7 +15,7 @@ import re
 import stat
 
 from fleetctl.host.walk import _DIR_FLAGS
-from fleetctl.host.wire import dec, enc, with_path
+from fleetctl.host.wire import dec, with_path
 from fleetctl.protocol import WARNING
 
 
@@ -155,7 +155,8 @@ class _Removal:
                 self.kept.append(full)
                 os.close(fd)
                 return False
-            names = [enc(n) for n in os.listdir(fd)]  # listdir(fd) gives str names
+            # listdir(fd) gives str names in the locale's decoding: back to their bytes
+            names = [os.fsencode(n) for n in os.listdir(fd)]
         except OSError as exc:
             os.close(fd)
             raise with_path(exc, full) from exc

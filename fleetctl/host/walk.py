@@ -14,7 +14,6 @@ from fleetctl import protocol
 from fleetctl.host.wire import (
     CHUNK_BYTES,
     dec,
-    enc,
     group_name,
     os_error_text,
     user_name,
@@ -121,9 +120,11 @@ def walk(top, sink, on_unreadable):
         on_unreadable(b"", exc)
         return
     stack = []  # (directory fd, its rel path, names not yet described), deepest last
+    # listdir of an fd gives str names decoded in the locale's encoding: os.fsencode gives back
+    # their bytes (wire.enc is UTF-8 whatever the locale, right for names from the client only).
     try:
         try:
-            stack.append((top_fd, b"", [enc(n) for n in os.listdir(top_fd)]))
+            stack.append((top_fd, b"", [os.fsencode(n) for n in os.listdir(top_fd)]))
         except OSError as exc:
             on_unreadable(b"", exc)
         while stack:
@@ -153,7 +154,8 @@ def walk(top, sink, on_unreadable):
                     on_unreadable(rel, exc)
                 continue
             try:
-                stack.append((child, rel, [enc(n) for n in os.listdir(child)]))
+                names = [os.fsencode(n) for n in os.listdir(child)]
+                stack.append((child, rel, names))
             except OSError as exc:
                 os.close(child)
                 on_unreadable(rel, exc)

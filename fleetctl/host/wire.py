@@ -65,13 +65,18 @@ class Stop(Exception):
 
 
 def dec(raw):
-    """A bytes name as str (surrogateescape: every byte survives)."""
-    return os.fsdecode(raw)
+    """A bytes name as str: UTF-8 with surrogateescape, so every byte survives.
+
+    Never the locale's encoding (``os.fsdecode``): the client decodes names as UTF-8, and a
+    login whose locale is latin-1 (``LANG=de_DE.ISO-8859-1``) would otherwise see ``café``
+    as ``cafÃ©`` and write it as ``caf\\xe9``.
+    """
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def enc(text):
-    """A str name back to its bytes."""
-    return os.fsencode(text)
+    """A str name back to its bytes (UTF-8, surrogateescape: the inverse of :func:`dec`)."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 _users = {}  # type: dict

@@ -38,12 +38,19 @@ class Channel(ABC):
         """Wait for the process to end and return its exit status (-1 if unknown)."""
 
     @abstractmethod
+    def ended(self, wait_s: float) -> int | None:
+        """Wait up to ``wait_s`` seconds for the process to end, without closing its input;
+        return its exit status (-1 if unknown), or ``None`` while it still runs."""
+
+    @abstractmethod
     def kill(self) -> None:
         """End the process (and anything it started); safe to call more than once."""
 
     @abstractmethod
-    def stderr_tail(self) -> str:
-        """Return the last :data:`STDERR_TAIL_BYTES` bytes of stderr, decoded leniently."""
+    def stderr_tail(self, wait_s: float = 1.0) -> str:
+        """Return the last :data:`STDERR_TAIL_BYTES` bytes of stderr, decoded leniently,
+        after waiting up to ``wait_s`` seconds for stderr to end (so what the process wrote
+        last is in it)."""
 
 
 class Transport(ABC):

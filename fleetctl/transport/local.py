@@ -46,14 +46,20 @@ class LocalChannel(Channel):
         self.close_stdin()
         return self._proc.wait()
 
+    def ended(self, wait_s: float) -> int | None:
+        try:
+            return self._proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def kill(self) -> None:
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
-    def stderr_tail(self) -> str:
-        return self._stderr.text()
+    def stderr_tail(self, wait_s: float = 1.0) -> str:
+        return self._stderr.text(wait_s)
 
 
 class LocalTransport(Transport):

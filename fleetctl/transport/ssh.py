@@ -61,13 +61,18 @@ class SshChannel(Channel):
         self.close_stdin()
         return self._chan.recv_exit_status()
 
+    def ended(self, wait_s: float) -> int | None:
+        if not self._chan.status_event.wait(wait_s):
+            return None
+        return self._chan.exit_status
+
     def kill(self) -> None:
         # Closing the channel makes sshd hang up the session; the host-side program then gets
         # EOF/SIGHUP and its flock is released by the kernel.
         self._chan.close()
 
-    def stderr_tail(self) -> str:
-        return self._stderr.text()
+    def stderr_tail(self, wait_s: float = 1.0) -> str:
+        return self._stderr.text(wait_s)
 
 
 @dataclass

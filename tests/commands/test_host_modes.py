@@ -20,36 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import cli, local_host, make_project, write_inventory
-
-FILES = {"runner": {"run.sh": "#!/bin/sh\necho run\n", "conf": "a=1\n", "sub": {"x": "x\n"}}}
-
-
-def modes_under(top: Path) -> dict[str, int]:
-    """Relative path → permission bits of everything under ``top`` (links not followed), and of
-    ``top`` itself as ``"."``."""
-    found = {".": stat.S_IMODE(os.lstat(top).st_mode)}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            st_ = os.lstat(full)
-            if not stat.S_ISLNK(st_.st_mode):
-                found[os.path.relpath(full, top)] = stat.S_IMODE(st_.st_mode)
-    return found
-
-
-def expected_modes(root: Path) -> dict[str, int]:
-    """What fleetctl's layout (docs/layout.md) says each created path's mode is, for a root that
-    has had one ship of FILES."""
-    release = next(p.name for p in (root / "releases").iterdir())
-    tree = {"runner": 0o755, "runner/run.sh": 0o755, "runner/conf": 0o644, "runner/sub": 0o755,
-            "runner/sub/x": 0o644, "agents": 0o755, "agents/w1": 0o755,
-            "agents/w1/agent.yaml": 0o644}
-    want = {".": 0o755, "releases": 0o755, f"releases/{release}": 0o755,
-            ".fleetctl": 0o755, ".fleetctl/releases": 0o755,
-            f".fleetctl/releases/{release}.json": 0o644, ".fleetctl/history.jsonl": 0o644,
-            ".fleetctl/identity.json": 0o644}
-    want.update({f"releases/{release}/{k}": v for k, v in tree.items()})
-    return want
+from tests.hostenv import FILES, expected_modes, modes_under
 
 
 def ship_under_umask(base: Path, umask: int) -> tuple[Path, Path]:

@@ -367,7 +367,9 @@ def test_the_program_runs_from_memory_through_the_bootstrap(tmp_path):
         capture_output=True, check=False, cwd=tmp_path,
         env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr
-    events = [json.loads(line) for line in done.stdout.splitlines()]
+    # A newline first (it ends a line a login's start-up file printed), then one event a line.
+    assert done.stdout.startswith(b"\n{")
+    events = [json.loads(line) for line in done.stdout[1:].splitlines()]
     assert [e["path"] for e in events if e["t"] == "entry"] == ["a"]
     assert events[-1]["t"] == "scan-end"
 

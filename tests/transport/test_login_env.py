@@ -1,0 +1,140 @@
+"""The environment matrix's boxes are what they claim (tests/hostenv.py), and what a login's
+environment does to a session: start-up noise, a missing interpreter, an error written last, a
+connection that drops."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from tests.hostenv import MATRIX, NOISE_RC, SYSTEM_PYTHON, variant
+
+PROBE = 'umask; echo "lang=$LANG"; echo "tmp=$TMPDIR"; command -v python3 || echo no-python3'
+
+
+@pytest.mark.parametrize("env", MATRIX, ids=str)
+def test_each_box_of_the_matrix_has_the_environment_it_names(env, env_hosts):
+    host = env_hosts(env)
+    seen = host.run(PROBE)
+    assert seen.returncode == 0, seen.stderr
+    out = seen.stdout.decode()
+    umask = {"umask-077": "0077", "umask-027": "0027", "umask-002": "0002",
+             "sshd-umask-077": "0077"}.get(env.name, "0022")
+    if env.name == "noisy-rc":
+        assert out.startswith("Welcome to this box") and "no newline at the end0022\n" in out
+        assert b"a warning from .bashrc on stderr" in seen.stderr
+    elif env.locale is not None or env.name == "locale-de-missing":
+        assert "lang=de_DE." in out
+        # bash itself cannot switch to it (LOCPATH is read by its children only): it says so
+        # on stderr, in every session, as such a host does.
+        assert b"de_DE" in seen.stderr
+    else:
+        assert f"\n{umask}\n" in "\n" + out, out
+        assert seen.stderr == b""
+    if env.locale is not None:  # Python under that locale reads names as latin-1
+        enc = host.run("python3 -c 'import sys; print(sys.getfilesystemencoding())'")
+        assert enc.stdout.decode().split() == ["iso8859-1"]
+    assert ("no-python3" in out) == env.python_elsewhere
+    if env.noexec_tmp:
+        tmp = out.split("tmp=", 1)[1].splitlines()[0]
+        assert "noexec" in next(line for line in open("/proc/self/mounts")
+                                if line.split()[1] == tmp).split()[3]
+        assert host.run(f"cp /bin/true {tmp}/t && {tmp}/t").returncode == 126  # not executable
+
+
+def drift_of(host, tmp_path, **inventory):
+    """``fleetctl drift --format json`` of one host of the matrix (blueprint: hostenv.FILES)."""
+    from tests.helpers import cli, make_project, write_inventory
+    from tests.hostenv import FILES
+
+    bp = tmp_path / "project" / "blueprint"
+    if not bp.exists():
+        make_project(tmp_path / "project", FILES)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": host.inventory(**inventory)})
+    return cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+
+
+def script(host, name: str, body: str) -> str:
+    """An executable ``#!/bin/sh`` script on the box, the login's; returns its path."""
+    path = host.env_dir / "bin" / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    os.chown(path, host.user.pw_uid, host.user.pw_gid)
+    return str(path)
+
+
+def test_start_up_noise_is_skipped_and_quoted_when_the_program_never_starts(env_hosts,
+                                                                           tmp_path):
+    host = env_hosts(variant("noisy-rc"))
+    fine = drift_of(host, tmp_path)
+    assert fine.code == 1 and fine.host("h")["status"] == "drift", fine.stdout  # all pending
+    missing = drift_of(host, tmp_path, python="/nonexistent/python3")
+    assert missing.code == 2
+    error = missing.host("h")["error"]
+    assert "'/nonexistent/python3'" in error and "`python:`" in error and "not found" in error
+    assert "no newline at the end" in error  # what the login printed last, quoted
+    assert "forged" not in json.dumps(missing.doc["hosts"][0].get("changes", []))
+    assert NOISE_RC  # the variant's start-up file (tests/hostenv.py)
+
+
+def test_no_python3_on_the_path_is_an_error_naming_the_python_setting(env_hosts, tmp_path):
+    host = env_hosts(variant("python-elsewhere"))
+    seen = drift_of(host, tmp_path, python="python3")  # the default, which this login lacks
+    assert seen.code == 2
+    error = seen.host("h")["error"]
+    assert "'python3'" in error and "`python:` setting" in error and "not found" in error
+    assert "python:" in seen.host("h")["hint"]
+    assert drift_of(host, tmp_path).code == 1  # with python: set, it scans (all pending)
+
+
+def test_the_last_line_a_host_writes_on_stderr_is_in_the_error(env_hosts, tmp_path):
+    """The host closes stdout, writes a long stderr and, after a pause, the reason: the client
+    reads stderr to its end before closing the channel (it killed it at stdout's end before)."""
+    host = env_hosts(variant("plain"))
+    slow = script(host, "slowfail", 'exec 1>&-\ni=0\nwhile [ $i -lt 3000 ]; do '
+                  'echo "progress line $i" >&2; i=$((i+1)); done\nsleep 2\n'
+                  'echo "the real reason: disk on fire" >&2\nexit 3\n')
+    seen = drift_of(host, tmp_path, python=slow)
+    assert seen.code == 2
+    error = seen.host("h")["error"]
+    assert error.endswith("the real reason: disk on fire") or \
+        "the real reason: disk on fire" in error, error
+    assert "exit status 3" in error
+
+
+def held_python(host) -> str:
+    """An interpreter wrapper that runs the real program but passes only its first two lines
+    (the newline and the hello), then holds: the client is mid-run when the test cuts it."""
+    held = host.env_dir / "held"
+    return script(host, "heldpy", f'{SYSTEM_PYTHON} "$@" | {{ IFS= read -r a; echo "$a"; '
+                  f'IFS= read -r b; echo "$b"; touch {held}; sleep 600; }}\n')
+
+
+@pytest.mark.parametrize("command", ["drift", "ship"])
+def test_a_dropped_connection_is_a_connection_error_naming_the_host(command, env_hosts,
+                                                                    tmp_path):
+    from tests.helpers import cli, make_project, wait_until, write_inventory
+    from tests.hostenv import FILES
+
+    host = env_hosts(variant("plain"))
+    bp = make_project(tmp_path / "project", FILES)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": host.inventory(python=held_python(host))})
+    args = ["drift"] if command == "drift" else ["ship", "--yes"]
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(
+        cli(*args, "--format", "json", inventory=inv, blueprint=bp)))
+    runner.start()
+    wait_until(lambda: (host.env_dir / "held").exists(), what="the host program to start")
+    assert host.box.kill_sessions() > 0
+    runner.join(60)
+    assert done, "the command did not end after its connection dropped"
+    run = done[0]
+    assert run.code == 2, run.stdout + run.stderr
+    assert "internal error" not in (run.stdout + run.stderr).lower()
+    error = run.host("h")["error"] if run.stdout.startswith("{") and "hosts" in run.doc \
+        else run.stdout + run.stderr
+    assert error.startswith("h: ") or "h:" in error, error
+    assert not (host.root / "current").exists()  # nothing switched
