@@ -285,15 +285,24 @@ def test_a_hostile_host_cannot_write_outside_the_blueprint_or_drive_the_terminal
     assert bad.returncode == 2 and "plain path" in bad.stderr
 
 
-HOSTILE = """#!/bin/sh
-# A hostile host's "python3": it ignores the program it is sent and answers a scan with a name
-# that climbs out of the tree.
-cat > /dev/null &
-printf '%s\\n' '{"t":"hello","user":"root","group":"root","uid":0,"python":"3.11.0"}'
-printf '%s\\n' '{"t":"state","root_exists":true,"current":"r1","current_kind":"symlink","releases":["r1"],"shipped":true,"identity":null,"meta":{}}'
-printf '%s\\n' '{"t":"shipped","path":"runner","type":"dir","mode":"0755","owner":"root:root"}'
-printf '%s\\n' '{"t":"entry","path":"runner/../../../escape","type":"file","mode":"0644","owner":"root:root","size":1,"digest":"sha256:00"}'
-printf '%s\\n' '{"t":"scan-end","entries":1,"unreadable":0,"digest":"sha256:00"}'
+HOSTILE = """#!/usr/bin/python3
+# A hostile host's "python3": it ignores the program it is sent, takes the nonce from the
+# request (a host sees its input), and answers a scan with a name that climbs out of the tree.
+import json, sys
+inp = sys.stdin.buffer
+for _ in range(2):  # the program, then the request
+    data = inp.read(int(inp.readline()))
+nonce = json.loads(data)["nonce"]
+for event in [
+        {"t": "hello", "nonce": nonce, "user": "root", "group": "root", "uid": 0,
+         "python": "3.11.0"},
+        {"t": "state", "root_exists": True, "current": "r1", "current_kind": "symlink",
+         "releases": ["r1"], "shipped": True, "identity": None, "meta": {}},
+        {"t": "shipped", "path": "runner", "type": "dir", "mode": "0755", "owner": "root:root"},
+        {"t": "entry", "path": "runner/../../../escape", "type": "file", "mode": "0644",
+         "owner": "root:root", "size": 1, "digest": "sha256:00"},
+        {"t": "scan-end", "entries": 1, "unreadable": 0, "digest": "sha256:00"}]:
+    print(json.dumps(event), flush=True)
 """
 
 
