@@ -36,7 +36,7 @@ from fleetctl.credentials import CREDENTIALS_TOP, LEFTOVER_PREFIX, is_credential
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, FleetctlError, worst_exit
 from fleetctl.inventory import Agent, Grant, Host, Inventory
 from fleetctl.manifest import DIR, Manifest
-from fleetctl.names import escape_name, printable
+from fleetctl.names import escape_name, show_name
 from fleetctl.secrets import SecretUnavailable, source_kind
 from fleetctl.yamlfile import display_path, key_path_text, line_of, load_yaml
 
@@ -485,7 +485,7 @@ def credential_findings(blueprint: Blueprint, host: Host, desired: Manifest,
         parts = entry.path.split("/")
         agent = parts[1] if len(parts) > 1 else None
         want = desired.get(entry.path)
-        shown = printable(entry.path)
+        shown = show_name(entry.path)
         grant = by_path.get(entry.path)
         capability = grant.capability if grant else None
         where = (grant.where or None) if grant else None

@@ -16,9 +16,9 @@ For each changed file that is not a secret:
   of such bytes could not be carried in JSON or shown to a person without changing them).
 
 The diff shown to a person is the patch with each line's content in the escape form of
-:func:`fleetctl.names.shown` (a CR is ``\\x0d``, a tab ``\\x09``, an ESC ``\\x1b``, a backslash
+:func:`fleetctl.names.show_name` (a CR is ``\\x0d``, a tab ``\\x09``, an ESC ``\\x1b``, a backslash
 ``\\\\``), so a file on a host cannot drive the operator's terminal, and
-:func:`fleetctl.names.unshown_bytes` of each line gives the patch's bytes back. A credential file
+:func:`fleetctl.names.unshow_bytes` of each line gives the patch's bytes back. A credential file
 shows digests only, always.
 
 The rule every diff keeps: when the two digests differ, the diff is not empty (it has lines or a
@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from fleetctl.manifest import sha256_digest
-from fleetctl.names import printable, shown
+from fleetctl.names import printable, show_name
 
 TEXT, STRUCTURED, BINARY, SECRET, TOO_LARGE, UNAVAILABLE = (
     "text", "structured", "binary", "secret", "too-large", "unavailable")
@@ -56,7 +56,7 @@ class FileDiff:
             credential file: digests only), ``too-large`` (past the read limit) or
             ``unavailable`` (the host could not read it: ``note`` says why).
         lines: the unified diff for people, one line each (no newlines), every line's content in
-            the :func:`fleetctl.names.shown` form; at most ``MAX_DIFF_LINES``.
+            the :func:`fleetctl.names.show_name` form; at most ``MAX_DIFF_LINES``.
         keys: the key-level changes of a YAML or JSON file, ``~ root['a']: 1 -> 2`` each
             (escaped for a terminal); empty for other kinds.
         patch: the unified diff exactly, lines ending in ``\\n``, ready for ``git apply``; ``None``
@@ -124,7 +124,7 @@ def unified_diff(old: str, new: str, fromfile: str, tofile: str,
     """The unified diff from ``old`` to ``new``: ``(exact, shown)`` per line, without newlines.
 
     ``exact`` is the patch line; ``shown`` the same line with its content in the
-    :func:`~fleetctl.names.shown` form (the marker, ``---``/``+++``/``@@`` headers and
+    :func:`~fleetctl.names.show_name` form (the marker, ``---``/``+++``/``@@`` headers and
     ``\\ No newline at end of file`` as they are). Empty when ``old == new``.
     """
     a, b = split_lines(old), split_lines(new)
@@ -156,9 +156,9 @@ def unified_diff(old: str, new: str, fromfile: str, tofile: str,
 
 
 def _shown_content(content: str) -> str:
-    """A diff line's content in the :func:`~fleetctl.names.shown` form; a space that starts it
+    """A diff line's content in the :func:`~fleetctl.names.show_name` form; a space that starts it
     stays (the marker is before it)."""
-    return shown(content, lead=False)
+    return show_name(content, lead=False)
 
 
 def _decode(data: bytes) -> str | None:
@@ -233,7 +233,7 @@ def diff_contents(path: str, live: bytes | None, desired: bytes | None,
             notes.append(f"not valid {flavour.upper()} ({printable(first)}): shown as text")
     if live is not None and desired is not None:
         notes += filter(None, [_whitespace_note(live, desired, labels)])
-    name = shown(path)
+    name = show_name(path)
     pairs = unified_diff(live_text, want_text,
                          "/dev/null" if live is None else f"{labels[0]}/{name}",
                          "/dev/null" if desired is None else f"{labels[1]}/{name}")

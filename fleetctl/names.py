@@ -3,8 +3,8 @@
 Names from hosts are ``str`` decoded with ``surrogateescape``: each byte that is not valid UTF-8
 is a lone surrogate. Such a string cannot be written as UTF-8, so every output goes through here.
 
-The one form a person sees a name in (:func:`shown`, documented in ``docs/json.md``) is made of
-printable characters only and decodes back to the name's bytes (:func:`unshown_bytes`): a
+The one form a person sees a name in (:func:`show_name`, documented in ``docs/json.md``) is made of
+printable characters only and decodes back to the name's bytes (:func:`unshow_bytes`): a
 backslash is ``\\\\``; every byte of a character that is not printable (a control character,
 ESC, a tab, a newline, a bidi override, an undecodable byte) is ``\\xNN``; a space that starts
 or ends the name is ``\\x20`` (a table's padding and a pipe's stripped line ends would hide it).
@@ -15,6 +15,7 @@ reordering of the text around it.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _SHOWN_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
 
@@ -54,31 +55,47 @@ def unescape_name(text: str) -> str:
     return "".join(out)
 
 
-def shown(name: str, lead: bool = True) -> str:
+def show_name(name: str, lead: bool = True) -> str:
     """``name`` in the one escape form people see: printable characters only, reversible.
 
     Each character that is printable (``str.isprintable``, so a space but no control, format,
     separator or private-use character) stays as it is, except ``\\`` (written ``\\\\``) and a
     space at either end (``\\x20``); every other character is written as the bytes of its UTF-8
     encoding, ``\\xNN`` each (lowercase hex), and so is each byte that is not valid UTF-8 (a
-    lone surrogate from ``surrogateescape``). :func:`unshown_bytes` turns it back. With
-    ``lead=False`` a leading space stays (a diff line's content, after its marker).
+    lone surrogate from ``surrogateescape``). :func:`unshow_bytes` turns it back. With
+    ``lead=False`` a leading space stays (a diff line's content, after its marker). In a name
+    that is not in Unicode NFC, combining marks are escaped too.
 
-    >>> shown("a\\x1b[31m b\\\\")
+    >>> show_name("a\\x1b[31m b\\\\")
     'a\\\\x1b[31m b\\\\\\\\'
     """
+    # A name not in NFC could look like another that is ("e" + U+0301 and "é"): its combining
+    # marks are escaped, so canonically equivalent names never print alike.
+    # A mark with nothing printable before it would sit on an escape's hex digit.
+    marks = not _is_nfc(name)
     out = []
     last = len(name) - 1
+    bare = False  # whether the last character was written as itself
     for i, ch in enumerate(name):
         if ch == "\\":
             out.append("\\\\")
         elif ch == " " and ((lead and i == 0) or i == last):
             out.append("\\x20")
-        elif ch.isprintable():
+        elif ch.isprintable() and not (unicodedata.combining(ch) and (marks or not bare)):
             out.append(ch)
+            bare = True
+            continue
         else:
             out.append("".join(f"\\x{b:02x}" for b in _utf8(ch)))
+        bare = False
     return "".join(out)
+
+
+def _is_nfc(name: str) -> bool:
+    try:
+        return unicodedata.is_normalized("NFC", name)
+    except UnicodeEncodeError:  # pragma: no cover - lone surrogates normalise as themselves
+        return True
 
 
 def _utf8(ch: str) -> bytes:
@@ -90,8 +107,8 @@ def _utf8(ch: str) -> bytes:
         return ch.encode("utf-8", "surrogatepass")
 
 
-def unshown_bytes(text: str) -> bytes:
-    """The bytes a :func:`shown` (or :func:`escape_name`) form stands for: ``\\\\`` is one
+def unshow_bytes(text: str) -> bytes:
+    """The bytes a :func:`show_name` (or :func:`escape_name`) form stands for: ``\\\\`` is one
     backslash, ``\\x`` and two hex digits that byte, any other character its UTF-8 encoding."""
     out = bytearray()
     at = 0
@@ -104,9 +121,9 @@ def unshown_bytes(text: str) -> bytes:
     return bytes(out)
 
 
-def unshown(text: str) -> str:
-    """:func:`unshown_bytes` as a name (``str``, undecodable bytes as ``surrogateescape``)."""
-    return unshown_bytes(text).decode("utf-8", "surrogateescape")
+def unshow_name(text: str) -> str:
+    """:func:`unshow_bytes` as a name (``str``, undecodable bytes as ``surrogateescape``)."""
+    return unshow_bytes(text).decode("utf-8", "surrogateescape")
 
 
 def printable(name: str) -> str:

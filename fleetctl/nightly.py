@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, InputError
-from fleetctl.names import escape_name, printable, safe_text
+from fleetctl.names import escape_name, printable, safe_text, show_name
 from fleetctl.yamlfile import display_path, input_error, line_of, load_yaml
 
 SCHEMA_VERSION = 1
@@ -285,7 +285,7 @@ def drift_findings(result: Any) -> list[Finding]:
         kinds = ", ".join(c.change for c in changes)
         secret = " (secret: digests only)" if is_credential_path(path) else ""
         out.append(Finding("drift", result.host, origin, shown,
-                           f"{printable(path)}: {kinds} ({origin}){secret}",
+                           f"{show_name(path)}: {kinds} ({origin}){secret}",
                            "low" if origin == "pending" else "high",
                            {"changes": [change_json(c) for c in changes]}))
     if result.ancestry is not None and result.ancestry.stale:
@@ -429,7 +429,7 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         message = r.error
         if r.status == "incomplete" and r.unreadable:
             message = (message or "") + "; unreadable: " + ", ".join(
-                printable(u.path) for u in r.unreadable[:5])
+                show_name(u.path) for u in r.unreadable[:5])
         checks.append(CheckResult(r.host, "drift", "error" if error else
                                   ("findings" if found else "ok"), message, r.hint,
                                   [unchecked_grant_text(u.to_json())
@@ -441,7 +441,7 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         message = a.error
         if a.unreadable:
             message = (message or "incomplete") + "; unreadable: " + ", ".join(
-                printable(p) for p, _ in a.unreadable[:5])
+                show_name(p) for p, _ in a.unreadable[:5])
         checks.append(CheckResult(a.host, "creds", "error" if error else
                                   ("findings" if found else "ok"), message, a.hint,
                                   [printable(k.describe()) for k in a.skipped]))

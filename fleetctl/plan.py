@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.credentials import is_credential_path
 from fleetctl.drift import REFUSED_ORIGINS, Change
 from fleetctl.manifest import FILE, Manifest, sha256_digest
-from fleetctl.names import printable
+from fleetctl.names import show_name
 from fleetctl.source import Ancestry
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Cha
     changed_on_host = [c for c in changes if c.origin in REFUSED_ORIGINS]
     blocked = [c for c in changed_on_host if not options.forces(c.path)]
     if blocked:
-        paths = sorted({printable(c.path) for c in blocked})
+        paths = sorted({show_name(c.path) for c in blocked})
         shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
         secret_only = all(is_credential_path(c.path) for c in blocked)
         return ShipPlan(

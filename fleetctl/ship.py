@@ -39,7 +39,7 @@ from fleetctl.hostevents import Done, Step, WarningEvent
 from fleetctl.inventory import Host
 from fleetctl.livestate import LiveState, read_scan
 from fleetctl.manifest import Manifest
-from fleetctl.names import printable
+from fleetctl.names import show_name
 from fleetctl.plan import (
     ERROR,
     INCOMPLETE,
@@ -466,7 +466,7 @@ def plan_host(blueprint: Blueprint, host: Host, options: ShipOptions, source: So
 def _unused_force_paths(options: ShipOptions, changes: list[Change]) -> list[str]:
     """A warning for each --force-path that matches no change made on this host."""
     on_host = [c.path for c in changes if c.origin in REFUSED_ORIGINS]
-    return [f"--force-path {printable(p)}: no change made on the host there" for p in
+    return [f"--force-path {show_name(p)}: no change made on the host there" for p in
             options.force_paths if not any(c == p or c.startswith(p + "/") for c in on_host)]
 
 

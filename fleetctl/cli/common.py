@@ -23,7 +23,7 @@ from fleetctl.blueprint import Blueprint, load_blueprint
 from fleetctl.cli.output.text import RStripWriter
 from fleetctl.errors import EXIT_ERROR, FleetctlError, InputError
 from fleetctl.inventory import Inventory, load_inventory
-from fleetctl.names import safe_text
+from fleetctl.names import printable, show_name
 from fleetctl.results import HostResult, NoProgress, Progress
 from fleetctl.source import SourceState, inspect_source
 
@@ -79,7 +79,7 @@ def inventory_path(inventory: Path | None) -> Path:
     else:
         chosen = find_project() / "inventory" / "demo.yaml"
         why = f"default; --inventory or ${INVENTORY_ENV} to change"
-    err.print(f"inventory: {safe_text(_shown_path(chosen))} ({why})", markup=False,
+    err.print(f"inventory: {show_name(_shown_path(chosen))} ({why})", markup=False,
               highlight=False, soft_wrap=True)
     return chosen
 
@@ -93,12 +93,18 @@ def _shown_path(path: Path) -> str:
         return str(full)
 
 
+def _lines(text: str) -> str:
+    """A message for the terminal: each of its lines with control characters (ESC, CR, bidi
+    overrides) and bad bytes escaped (:func:`fleetctl.names.printable`), its newlines kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def print_error(exc: FleetctlError) -> None:
     """Print a user-facing error and its hint on stderr, names escaped, no traceback."""
     label = "refused" if exc.exit_code == 3 else "error"
-    err.print(f"{label}: {safe_text(exc.message)}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"{label}: {_lines(exc.message)}", markup=False, highlight=False, soft_wrap=True)
     if exc.hint:
-        err.print(f"hint: {safe_text(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"hint: {_lines(exc.hint)}", markup=False, highlight=False, soft_wrap=True)
 
 
 # The options every command shares (DESIGN.md §4), defined once.
@@ -123,7 +129,7 @@ def print_internal_error(exc: BaseException, debug: bool) -> None:
     """
     if debug:
         err.print(traceback.format_exc(), markup=False, highlight=False)
-    err.print(f"error: internal error: {exc.__class__.__name__}: {safe_text(str(exc))}",
+    err.print(f"error: internal error: {exc.__class__.__name__}: {_lines(str(exc))}",
               markup=False, highlight=False, soft_wrap=True)
     err.print("hint: please report this traceback" if debug else
               "hint: rerun with --debug for the traceback, and report it",

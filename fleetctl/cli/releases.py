@@ -37,7 +37,7 @@ from fleetctl.errors import (
     FleetctlError,
     worst_exit,
 )
-from fleetctl.names import printable
+from fleetctl.names import printable, show_name
 
 SCHEMA_VERSION = 1
 
@@ -242,7 +242,7 @@ def backport_command(
         lines = []
         for item in done.items:
             note = f": {item.reason}" if item.reason else ""
-            lines.append(f"{done.host}: {printable(item.path)}: {item.action}{printable(note)}")
+            lines.append(f"{done.host}: {show_name(item.path)}: {item.action}{printable(note)}")
             if item.diff is not None:
                 lines += [f"  {line}" for line in diff_text(done.host, item.diff)]
         if not done.items:

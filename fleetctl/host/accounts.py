@@ -101,7 +101,8 @@ def ensure_account(emit, account):
     Never escalates: without root, a missing account stops the ship naming what was refused.
     """
     user, group, home = account["user"], account["group"], account["home"]
-    if not (ACCOUNT_NAME.match(user) and ACCOUNT_NAME.match(group)) or not home.startswith("/"):
+    if not (ACCOUNT_NAME.fullmatch(user) and ACCOUNT_NAME.fullmatch(group)) \
+            or not home.startswith("/"):
         raise Stop("users", "failed", f"refusing a bad account name or home: {account!r}")
     root_needed = (f"creating %s needs root; this connection runs as {user_name(os.geteuid())} "
                    "(fleetctl does not use sudo or any other account on its own)")

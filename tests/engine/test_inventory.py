@@ -20,6 +20,10 @@ GOOD_HOST = "    transport: local\n    root: box\n    agents:\n      w1: {role: 
     ("hosts:\n  h:\n    root: relative/path\n", "inv.yaml:3: hosts.h.root: must be an absolute path"),
     ("defaults:\n  transport: telnet\nhosts: {}\n", "inv.yaml:2: defaults.transport: input should be"),
     ("hosts:\n  'bad name':\n    root: /x\n", "hosts: value error"),
+    # A name rule holds for the whole name: "$" alone let a trailing newline through (issue 19).
+    ("hosts:\n  \"web1\\n\":\n" + GOOD_HOST, "hosts: value error"),
+    ("hosts:\n  h:\n    transport: local\n    root: box\n    agents:\n      \"w1\\n\": {role: worker}\n",
+     "value error"),
 ])
 def test_bad_inventory(tmp_path, body, expected):
     bp = make_project(tmp_path, {})

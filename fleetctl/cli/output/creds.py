@@ -15,7 +15,7 @@ from rich.text import Text
 
 from fleetctl.cli.output.markdown import md_text
 from fleetctl.creds_audit import COMMAND, SCHEMA_VERSION, AuditReport, HostAudit
-from fleetctl.names import escape_name, printable
+from fleetctl.names import escape_name, printable, show_name
 
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow"}
 _STATUS_STYLE = {"clean": "green", "findings": "yellow", "incomplete": "red", "error": "red"}
@@ -80,9 +80,9 @@ def print_text(console: Console, report: AuditReport) -> None:
             table.add_column(column, overflow="fold")
         for f in report.findings:
             table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")),
-                          Text(printable(f.host)), Text(printable(f.agent or "")),
+                          Text(show_name(f.host)), Text(show_name(f.agent or "")),
                           Text(f.capability or ""), Text(f.rule), Text(printable(f.message)),
-                          Text(printable(f.path or f.where or "")))
+                          Text(show_name(f.path) if f.path else printable(f.where or "")))
         console.print(table)
     for h in report.hosts:
         scope = "" if h.scanned else (" (static only)" if report.static_only else
@@ -93,7 +93,7 @@ def print_text(console: Console, report: AuditReport) -> None:
         console.print(Text(printable(line), style=_STATUS_STYLE.get(h.status, "")),
                       soft_wrap=True)
         for path, error in h.unreadable:
-            console.print(Text(f"  unreadable: {printable(path)}: {error}", style="red"),
+            console.print(Text(f"  unreadable: {show_name(path)}: {printable(error)}", style="red"),
                           soft_wrap=True)
         for k in h.skipped:
             console.print(Text(f"  skipped: {printable(k.describe())}", style="yellow"),

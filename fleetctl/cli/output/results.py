@@ -22,7 +22,7 @@ from fleetctl.credentials import is_credential_path
 from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
 from fleetctl.manifest import Entry
-from fleetctl.names import escape_name, printable, safe_text, shown
+from fleetctl.names import escape_name, printable, safe_text, show_name
 from fleetctl.records import change_json
 from fleetctl.results import HostResult
 from fleetctl.source import SourceState
@@ -94,11 +94,11 @@ def _attr_summary(change: Change, entry: Entry | None) -> str:
     if kind == "owner":
         return entry.owner or "-"
     if kind == "target":
-        return "→ " + printable(entry.target or "")
+        return "→ " + show_name(entry.target or "")
     if entry.type == "file":  # no digest: a credential file whose secret was not available
         return f"file {entry.mode} {entry.digest[7:19] if entry.digest else '(unchecked)'}"
     if entry.type == "symlink":
-        return "symlink → " + printable(entry.target or "")
+        return "symlink → " + show_name(entry.target or "")
     return f"{entry.type} {entry.mode or ''}".strip()
 
 
@@ -124,9 +124,9 @@ def source_line(source: SourceState) -> str:
     """``source: commit abc123 (clean)`` or what makes it dirty, for people."""
     if source.clean:
         return f"source: commit {source.short} (clean)"
-    shown = "; ".join(source.dirty[:5]) + (f"; and {len(source.dirty) - 5} more"
+    listed = "; ".join(source.dirty[:5]) + (f"; and {len(source.dirty) - 5} more"
                                             if len(source.dirty) > 5 else "")
-    return f"source: commit {source.short}, NOT CLEAN: {shown}"
+    return f"source: commit {source.short}, NOT CLEAN: {listed}"
 
 
 def _commit_note(result: HostResult) -> str:
@@ -191,8 +191,8 @@ def first_ship_line(result: HostResult) -> str:
     for c in result.changes:
         top = c.path.split("/", 1)[0] + "/"
         tops[top] = tops.get(top, 0) + 1
-    shown = ", ".join(f"{printable(t)} ({n})" for t, n in sorted(tops.items()))
-    return (f"{result.host}: first ship: {len(result.changes)} path(s): {shown}; "
+    listed = ", ".join(f"{show_name(t)} ({n})" for t, n in sorted(tops.items()))
+    return (f"{result.host}: first ship: {len(result.changes)} path(s): {listed}; "
             "--all-paths lists them")
 
 
@@ -218,8 +218,8 @@ def print_text(console: Console, results: list[HostResult], title: str,
         elif result.changes:
             table = Table(title=f"{title}: {result.host}", box=box.SIMPLE_HEAD,
                           title_justify="left")
-            shown = [printable(c.path) for c in result.changes]
-            width = path_column_width(shown, console.width)
+            paths = [show_name(c.path) for c in result.changes]
+            width = path_column_width(paths, console.width)
             table.add_column("path", min_width=width, max_width=width, overflow="fold")
             change_w = max([6] + [len(c.change) for c in result.changes])
             origin_w = max([6] + [len(c.origin) for c in result.changes])
@@ -229,14 +229,14 @@ def print_text(console: Console, results: list[HostResult], title: str,
             table.add_column("origin", min_width=origin_w, overflow="fold")
             for column in ("live", "desired"):
                 table.add_column(column, max_width=side_w, overflow="fold")
-            for c, path in zip(result.changes, shown, strict=True):
+            for c, path in zip(result.changes, paths, strict=True):
                 table.add_row(Text(wrap_path(path, width)), c.change,
                               Text(c.origin, style=_ORIGIN_STYLE.get(c.origin, "")),
                               Text(_attr_summary(c, c.live)), Text(_attr_summary(c, c.desired)))
             console.print(table)
         for u in result.unreadable:
-            console.print(Text(f"{result.host}: unreadable: {printable(u.path)}: {u.error}",
-                               style="red"))
+            console.print(Text(f"{result.host}: unreadable: {show_name(u.path)}: "
+                               f"{printable(u.error)}", style="red"))
         for diff in result.diffs or ():
             for line in diff_text(result.host, diff):
                 console.print(Text(line, style=_DIFF_STYLE.get(line[:1], "")), soft_wrap=True)
@@ -261,8 +261,8 @@ def diff_text(host: str, diff: FileDiff) -> list[str]:
     """The lines that show one file's diff to people (every line already escaped): a ``#``
     header, its note, the key-level changes, then the unified diff. The diff comes last, so it
     can be cut from ``--- `` to the next ``#`` line and applied after
-    :func:`fleetctl.names.unshown_bytes` of each line (``docs/releases.md``)."""
-    lines = [f"# {host}: {shown(diff.path)} ({diff.kind})"]
+    :func:`fleetctl.names.unshow_bytes` of each line (``docs/releases.md``)."""
+    lines = [f"# {host}: {show_name(diff.path)} ({diff.kind})"]
     if diff.note:
         lines.append(f"  note: {printable(diff.note)}")
     if diff.kind in ("text", "structured"):
@@ -298,11 +298,11 @@ def to_markdown(results: list[HostResult], title: str,
             lines += ["| path | change | origin | live | desired |",
                       "| --- | --- | --- | --- | --- |"]
             for c in r.changes:
-                lines.append(f"| {md_code(c.path)} | {c.change} | {c.origin} | "
+                lines.append(f"| {md_code(show_name(c.path))} | {c.change} | {c.origin} | "
                              f"{md_text(_attr_summary(c, c.live))} | "
                              f"{md_text(_attr_summary(c, c.desired))} |")
         for u in r.unreadable:
-            lines.append(f"- unreadable: {md_code(u.path)}: {md_text(u.error)}")
+            lines.append(f"- unreadable: {md_code(show_name(u.path))}: {md_text(u.error)}")
     for r in results:
         for a in r.accounts:
             lines.append(f"- {md_text(r.host)}: account: {md_text(a)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleetctl.names import printable
+from fleetctl.names import printable, show_name
 from fleetctl.status import SCHEMA_VERSION, FleetStatus
 
 
@@ -30,17 +30,17 @@ def to_text(report: FleetStatus) -> str:
     lines = []
     for h in report.hosts:
         if h.status == "error":
-            lines.append(f"{printable(h.host)}: ERROR: {printable(h.error or '')}")
+            lines.append(f"{show_name(h.host)}: ERROR: {printable(h.error or '')}")
             continue
         commit = (h.commit or "-")[:12]
-        lines.append(f"{printable(h.host)}: release {h.release or 'none'}, commit {commit}"
+        lines.append(f"{show_name(h.host)}: release {h.release or 'none'}, commit {commit}"
                      + (f", shipped {h.shipped_at} by {printable(h.shipped_by)}"
                         if h.shipped_at and h.shipped_by else ""))
         for a in h.agents:
             if a.last_task is None:
                 task = "no task yet"
             else:
-                task = (f"last task {printable(a.last_task)}: {a.outcome}"
+                task = (f"last task {show_name(a.last_task)}: {a.outcome}"
                         + (f" (last attempt {a.verdict})" if a.verdict else "")
                         + f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}")
             esc = f"{a.escalations} escalation(s) waiting" if a.escalations else \
@@ -48,12 +48,12 @@ def to_text(report: FleetStatus) -> str:
             tokens = (f"prefix tokens/turn median {_n(a.prefix_median)}, last "
                       f"{_n(a.prefix_last)} ({a.turns} turn(s))" if a.turns else "no turns yet")
             mark = "! " if a.attention else "  "
-            lines.append(f"{mark}{printable(a.agent)} ({a.role}): {task}; {esc}; {tokens}")
+            lines.append(f"{mark}{show_name(a.agent)} ({a.role}): {task}; {esc}; {tokens}")
             for e in a.escalation_list[:3]:
-                lines.append(f"    escalation {e.get('kind')}: task {printable(str(e.get('task')))}"
+                lines.append(f"    escalation {e.get('kind')}: task {show_name(str(e.get('task')))}"
                              f": {printable(str(e.get('reason') or ''))[:160]}")
             for d in a.standing_denials:
-                task = printable(str(d.get("task") or "?"))
+                task = show_name(str(d.get("task") or "?"))
                 lines.append(f"    standing denial {printable(str(d.get('permission')))} since "
                              f"{d.get('since') or '?'} (task {task}): "
                              f"no new task starts; clear it with: {printable(str(d.get('clear')))}")
