@@ -128,7 +128,7 @@ def unified_diff(old: str, new: str, fromfile: str, tofile: str,
     ``\\ No newline at end of file`` as they are). Empty when ``old == new``.
     """
     a, b = split_lines(old), split_lines(new)
-    groups = list(SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(context))
+    groups = list(SequenceMatcher(None, a, b).get_grouped_opcodes(context))
     if not groups:
         return []
     out = [(f"--- {fromfile}", f"--- {fromfile}"), (f"+++ {tofile}", f"+++ {tofile}")]
@@ -228,7 +228,7 @@ def diff_contents(path: str, live: bytes | None, desired: bytes | None,
                       for dup in dups]
             if not keys:
                 notes.append("the same data, written differently")
-        except (ValueError, yaml.YAMLError) as exc:
+        except (ValueError, yaml.YAMLError, RecursionError) as exc:
             first = (str(exc).split("\n") or [""])[0]
             notes.append(f"not valid {flavour.upper()} ({printable(first)}): shown as text")
     if live is not None and desired is not None:

@@ -192,3 +192,12 @@ def test_a_change_outside_the_key_level_is_shown_as_text(live, desired, note):
     assert not diff.keys and diff.kind == "text"
     assert diff.note and note in diff.note
     assert git_apply(diff.patch.encode(), desired, True, name) == live
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.yaml"])
+def test_data_nested_past_the_parsers_depth_is_shown_as_text(name):
+    """json and PyYAML raise RecursionError (not their parse errors) on deep nesting; it was
+    not caught, so one such file on a host ended drift --diff with an internal error."""
+    deep = b"[" * 20000 + b"]" * 20000 + b"\n"
+    diff = diff_contents(name, deep, b"[]\n")
+    assert diff.kind == "text" and "not valid" in diff.note and diff.patch
