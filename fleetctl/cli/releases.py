@@ -91,7 +91,7 @@ def releases_command(
                                    warnings=found.warnings))
             return EXIT_OK
         console = target.console()
-        table = Table(title=f"releases on {printable(found.host)}", box=box.SIMPLE_HEAD,
+        table = Table(title=f"releases on {show_name(found.host)}", box=box.SIMPLE_HEAD,
                       title_justify="left")
         for column in ("", "release", "created", "commit", "source", "shipped by", "forced"):
             table.add_column(column, overflow="fold")
@@ -99,7 +99,7 @@ def releases_command(
             source = "-" if r.clean is None else "clean" if r.clean else \
                 "dirty (--allow-dirty)" if r.allow_dirty else "dirty"
             table.add_row("*" if r.current else "", r.id, r.created or "-",
-                          (r.commit or "-")[:12], source, printable(r.shipped_by or "-"),
+                          (r.commit or "-")[:12], source, show_name(r.shipped_by or "-"),
                           "yes" if r.forced else "" if r.recorded else "no record")
         console.print(table)
         for r in found.releases:
@@ -193,8 +193,8 @@ def history_command(
             table.add_column(column, overflow="fold")
         for e in entries:
             commit = (e.commit or "-")[:12] + ("" if e.clean in (None, True) else " (dirty)")
-            table.add_row(e.time or "-", printable(e.host), e.kind, e.release or "-",
-                          e.previous or "-", commit, printable(e.by or "-"),
+            table.add_row(e.time or "-", show_name(e.host), e.kind, e.release or "-",
+                          e.previous or "-", commit, show_name(e.by or "-"),
                           "yes" if e.forced else "")
         console.print(table)
         for f in found:

@@ -34,7 +34,7 @@ def to_text(report: FleetStatus) -> str:
             continue
         commit = (h.commit or "-")[:12]
         lines.append(f"{show_name(h.host)}: release {h.release or 'none'}, commit {commit}"
-                     + (f", shipped {h.shipped_at} by {printable(h.shipped_by)}"
+                     + (f", shipped {h.shipped_at} by {show_name(h.shipped_by)}"
                         if h.shipped_at and h.shipped_by else ""))
         for a in h.agents:
             if a.last_task is None:
