@@ -21,7 +21,7 @@ from fleetctl.errors import HostError
 from fleetctl.hostevents import BadEvent, Hello, HostEvent, decode_event, error_from_event
 from fleetctl.protocol import encode_json, frame
 from fleetctl.transport import open_transport
-from fleetctl.transport.base import Channel, Transport
+from fleetctl.transport.base import Channel, ChannelTimeout, Transport
 
 #: Content is written to the host in slices of this size: the transport blocks while the
 #: host's pipe is full (that is the flow control), and no slice copies the content.
@@ -75,6 +75,8 @@ class HostSession:
         self.transport_warnings: list[str] = list(getattr(transport, "warnings", ()))
         self._transport = transport
         self._timed_out = False
+        #: The type of the last event the program sent (``None`` before its hello).
+        self._last_event: str | None = None
         if INTERRUPTED.is_set():
             raise HostError(f"{self.label}: interrupted; not started")
         self._chan: Channel = transport.start([python, "-c", bundle.BOOTSTRAP])
@@ -99,7 +101,7 @@ class HostSession:
             self.send(frame(bundle.program()) +
                       frame(encode_json({**request, "nonce": self._nonce})))
         except OSError:
-            if self._timed_out:
+            if self._timed_out or INTERRUPTED.is_set():
                 raise self.broken("it did not read its input") from None
             # otherwise the process died at once; the events report why from its stderr
 
@@ -133,13 +135,24 @@ class HostSession:
         """Write raw bytes to the program's stdin (blocks while its pipe is full).
 
         Raises:
-            OSError: the program no longer reads (it stopped: its events say why).
+            OSError: the program no longer reads (it stopped: its events say why), or it read
+                nothing for the host's timeout (the run is then ended as timed out).
         """
-        self._chan.send(data)
+        with self._timing():
+            self._chan.send(data)
+
+    @contextlib.contextmanager
+    def _timing(self) -> Iterator[None]:
+        """A channel that gives up waiting (its own timeout) ends the run as the timer would."""
+        try:
+            yield
+        except ChannelTimeout:
+            self._expire()
+            raise
 
     def send_json(self, obj: Any) -> None:
         """Send one JSON frame (a command of a ship); OSError as :meth:`send`."""
-        self._chan.send(frame(encode_json(obj)))
+        self.send(frame(encode_json(obj)))
 
     def send_content(self, digest: str, data: bytes) -> None:
         """Send one content frame (``<digest>\\n<size>\\n<bytes>``) in bounded slices.
@@ -150,10 +163,11 @@ class HostSession:
         Raises:
             OSError: the program no longer reads.
         """
-        self._chan.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
-        view = memoryview(data)
-        for start in range(0, len(view), SEND_CHUNK_BYTES):
-            self._chan.send(view[start:start + SEND_CHUNK_BYTES])
+        with self._timing():
+            self._chan.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
+            view = memoryview(data)
+            for start in range(0, len(view), SEND_CHUNK_BYTES):
+                self._chan.send(view[start:start + SEND_CHUNK_BYTES])
 
     # -- output --------------------------------------------------------------------------------
 
@@ -177,7 +191,8 @@ class HostSession:
                     self._note_noise(self._buffer[:-NOISE_BUFFER_BYTES])
                     self._buffer = self._buffer[-NOISE_BUFFER_BYTES:]
                 try:
-                    block = self._chan.read(1 << 16)
+                    with self._timing():
+                        block = self._chan.read(1 << 16)
                 except OSError as exc:
                     raise self.broken(str(exc)) from None
                 if not block:
@@ -200,6 +215,7 @@ class HostSession:
                     self._note_noise(line)
                     continue
                 self._started = True
+                self._last_event = hello.t
                 yield hello
                 continue
             try:
@@ -209,6 +225,7 @@ class HostSession:
             if isinstance(event, dict):  # the host stopped: its error event
                 self.finish()
                 raise error_from_event(self.label, event)
+            self._last_event = event.t
             yield event
 
     def _hello_in(self, line: bytes) -> HostEvent | None:
@@ -244,7 +261,8 @@ class HostSession:
                              "release stays in use unless it had already switched (check with "
                              "drift)")
         if self._timed_out:
-            return HostError(f"{self.label}: timed out; the operation was ended")
+            return HostError(f"{self.label}: timed out after {self._timeout_s:g} s: "
+                             f"{self._awaited()}; the operation was ended")
         status = None
         if self._output_ended:
             tail = self._chan.stderr_tail(END_WAIT_S)
@@ -254,9 +272,10 @@ class HostSession:
             self._chan.kill()
             tail = self._chan.stderr_tail()
         tail = tail.strip()
-        explained = self._transport.explain(tail)  # e.g. sudo refused (become: sudo)
-        if explained is not None:
-            return explained
+        if not self._started:  # it never started: e.g. sudo refused (become: sudo)
+            explained = self._transport.explain(tail)
+            if explained is not None:
+                return explained
         detail = f": {tail.splitlines()[-1]}" if tail else ""
         if self._started:
             return HostError(f"{self.label}: the host-side program failed ({why}){detail}")
@@ -279,6 +298,17 @@ class HostSession:
         return HostError(f"{self.label}: the host-side program did not start under "
                          f"{self._python!r} (the inventory's `python:` setting; exit status "
                          f"{shown}){detail}{noise}", hint=hint)
+
+    def _awaited(self) -> str:
+        """What the run was waiting for when its time ran out, in words."""
+        if self._started:
+            return (f"the host program did not answer (its last report was "
+                    f"{self._last_event!r})")
+        if self._transport.become == "sudo":
+            return ("sudo did not start the host program (not a word came from it: sudo waits "
+                    "on something, e.g. PAM, LDAP/sssd or a wrapper, or the interpreter hangs "
+                    "as it starts)")
+        return "the host program did not start (not a word came from it)"
 
     # -- end -----------------------------------------------------------------------------------
 

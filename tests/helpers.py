@@ -21,6 +21,17 @@ from fleetctl.cli import app
 AGENT_TEMPLATE = "agent: {{ agent.name }}\nrole: {{ agent.role }}\n"
 
 
+def sudoers_args() -> str:
+    """``-c BOOTSTRAP`` as a sudoers command argument: backslash, comma, colon and equals sign
+    escaped with a backslash (sudoers(5)); built here, independently of fleetctl's helper."""
+    from fleetctl.bundle import BOOTSTRAP
+
+    args = "-c " + BOOTSTRAP
+    for char in ("\\", ",", ":", "="):
+        args = args.replace(char, "\\" + char)
+    return args
+
+
 @dataclass(frozen=True)
 class Symlink:
     """A symlink in a tree spec."""

@@ -6,12 +6,33 @@ import collections
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetctl.errors import HostError
 
 STDERR_TAIL_BYTES = 8192
+
+
+class ChannelTimeout(OSError):
+    """Nothing could be read from or written to the process for the host's timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One short command's outcome (:meth:`Transport.probe`).
+
+    Attributes:
+        status: its exit status; ``None`` when it did not end within the timeout, or when a
+            terminal was asked for and the transport has none.
+        stdout: what it wrote to stdout.
+        said: the last line it wrote to stderr (for messages; never parsed).
+    """
+
+    status: int | None
+    stdout: bytes = b""
+    said: str = ""
 
 
 class Channel(ABC):
@@ -70,10 +91,29 @@ class Transport(ABC):
     def close(self) -> None:
         """Close the connection; safe to call more than once."""
 
+    #: ``"sudo"`` when every command runs through ``sudo -n --`` (``become: sudo``).
+    become: str | None = None
+
     def explain(self, stderr_tail: str) -> HostError | None:
-        """Why a started command failed before it could run, if the transport knows (sudo
-        refusing a ``become: sudo`` host); ``None`` otherwise."""
+        """Why a started command ended before the program in it said a word, if the transport
+        can find out (sudo refusing a ``become: sudo`` host: :mod:`.sudoprobe`); ``None``
+        otherwise."""
         return None
+
+    def probe(self, argv: list[str], tty: bool = False, stdin: bytes = b"") -> ProbeResult:
+        """Run a short command on the host as the login itself (never through sudo) and wait
+        for it, at most the host's timeout.
+
+        Args:
+            argv: the command (for SSH, each word quoted for the login's shell).
+            tty: on a pseudo-terminal (stdout and stderr then arrive mixed on stdout).
+            stdin: all of its input.
+
+        Returns:
+            Its exit status and output; status ``None`` when it did not end in time or no
+            terminal could be had.
+        """
+        return ProbeResult(None)
 
     def __enter__(self) -> Transport:
         self.connect()

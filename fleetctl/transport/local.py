@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import os
+import pwd
 import signal
 import subprocess
 from typing import cast
 
 from fleetctl.errors import HostError
-from fleetctl.transport.base import Channel, StderrTail, Transport
-from fleetctl.transport.become import become_argv, sudo_refusal
+from fleetctl.transport.base import Channel, ProbeResult, StderrTail, Transport
+from fleetctl.transport.become import become_argv
+from fleetctl.transport.sudoprobe import sudo_refusal
 
 
 class LocalChannel(Channel):
@@ -73,22 +75,33 @@ class LocalTransport(Transport):
     def __init__(self, label: str, become: str | None = None) -> None:
         self.label = label
         self.become = become
+        self._argv: list[str] | None = None
 
     def connect(self) -> None:
         return None
 
     def explain(self, stderr_tail: str) -> HostError | None:
-        if self.become != "sudo":
+        if self.become != "sudo" or self._argv is None:
             return None
-        refused = sudo_refusal(stderr_tail)
-        if refused is None:
-            return None
-        return HostError(f"{self.label}: sudo -n refused to run fleetctl's host-side program "
-                         f"as root ({refused}); nothing was written",
-                         hint="allow this user to run the command without a password "
-                         "(docs/inventory.md, become)")
+        login = pwd.getpwuid(os.geteuid()).pw_name
+        return sudo_refusal(self.probe, self.label, login, login, self._argv)
+
+    def probe(self, argv: list[str], tty: bool = False, stdin: bytes = b"") -> ProbeResult:
+        """Run ``argv`` here and wait for it (30 s at most); no terminal is offered (status
+        ``None`` for ``tty``), so requiretty is not told apart on a local host."""
+        if tty:
+            return ProbeResult(None)
+        try:
+            done = subprocess.run(argv, input=stdin, capture_output=True, timeout=30)
+        except FileNotFoundError:
+            return ProbeResult(127)
+        except (OSError, subprocess.TimeoutExpired):
+            return ProbeResult(None)
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return ProbeResult(done.returncode, done.stdout, lines[-1] if lines else "")
 
     def start(self, argv: list[str]) -> Channel:
+        self._argv = list(argv)
         argv = become_argv(argv, self.become)
         try:
             return LocalChannel(argv)

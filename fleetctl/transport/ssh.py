@@ -10,6 +10,7 @@ its input stream one byte per 10 ms as text (SSH-BOXES.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -20,8 +21,9 @@ from fabric import Config, Connection
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from fleetctl.errors import HostError, HostKeyError
-from fleetctl.transport.base import Channel, StderrTail, Transport
-from fleetctl.transport.become import become_argv, sudo_refusal, sudoers_entry
+from fleetctl.transport.base import ChannelTimeout, Channel, ProbeResult, StderrTail, Transport
+from fleetctl.transport.become import become_argv
+from fleetctl.transport.sudoprobe import sudo_refusal
 
 # paramiko logs a failed handshake with a traceback through the ``paramiko`` logger; with no
 # handler anywhere, Python's last-resort handler would print it on stderr. fleetctl reports the
@@ -43,7 +45,7 @@ class SshChannel(Channel):
             # (its stubs say bytes only).
             self._chan.sendall(data)  # type: ignore[arg-type]
         except TimeoutError as exc:
-            raise OSError("timed out sending to the host") from exc
+            raise ChannelTimeout("timed out sending to the host") from exc
 
     def close_stdin(self) -> None:
         try:
@@ -55,7 +57,7 @@ class SshChannel(Channel):
         try:
             return self._chan.recv(size)
         except TimeoutError as exc:
-            raise OSError("timed out waiting for the host") from exc
+            raise ChannelTimeout("timed out waiting for the host") from exc
 
     def wait(self) -> int:
         self.close_stdin()
@@ -213,6 +215,7 @@ class SshTransport(Transport):
         self._host = host
         self._conn: Connection | None = None
         self._argv: list[str] | None = None
+        self.become = getattr(host, "become", None)
         #: What the connection noticed but worked around (a known_hosts line skipped).
         self.warnings: list[str] = []
 
@@ -336,23 +339,46 @@ class SshTransport(Transport):
             raise HostError(f"{self.label}: cannot start a command: {exc}") from None
         return SshChannel(chan, self._host.timeout_s)
 
+    def probe(self, argv: list[str], tty: bool = False, stdin: bytes = b"") -> ProbeResult:
+        """Run ``argv`` as the login on its own exec channel (a pty on request) and wait for it,
+        at most the host's timeout (30 s when it has none)."""
+        if self._conn is None:
+            return ProbeResult(None)
+        timeout_s = self._host.timeout_s or 30.0
+        chan = None
+        try:
+            chan = self._conn.client.get_transport().open_session(timeout=timeout_s)
+            chan.settimeout(timeout_s)
+            if tty:
+                chan.get_pty()
+            chan.exec_command(shlex.join(argv))
+            stderr = StderrTail(chan.recv_stderr)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out = b""
+            while block := chan.recv(1 << 16):
+                out += block
+            status = chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError):  # timed out, or the link went
+            return ProbeResult(None)
+        finally:
+            if chan is not None:
+                with contextlib.suppress(Exception):
+                    chan.close()
+        lines = stderr.text().strip().splitlines()
+        return ProbeResult(status, out, lines[-1] if lines else "")
+
     def explain(self, stderr_tail: str) -> HostError | None:
-        """The error for a ``become: sudo`` host whose sudo refused: it names the host, the
-        login, what sudo said and the exact sudoers entry the login needs."""
+        """For a ``become: sudo`` host whose program never started: what sudo wanted, found
+        by probing sudo's behaviour (:mod:`.sudoprobe`), as an error naming the host, the
+        login, what sudo wanted and the exact fix; ``None`` when sudo is not what stopped it."""
         host = self._host
-        if getattr(host, "become", None) != "sudo" or self._argv is None:
-            return None
-        refused = sudo_refusal(stderr_tail)
-        if refused is None:
+        if self.become != "sudo" or self._argv is None:
             return None
         login = (self._conn.user if self._conn is not None else host.user) or "LOGIN"
         where = f"{login}@{host.address}{':' + str(host.port) if host.port else ''}"
-        return HostError(
-            f"{host.name}: become: sudo: `sudo -n` on {where} refused to run fleetctl's "
-            f"host-side program as root ({refused}); nothing was written",
-            hint=f"let {login} run exactly this command as root without a password, e.g. in "
-            f"/etc/sudoers.d/fleetctl on the host (edit with visudo -f): "
-            f"{sudoers_entry(login, self._argv)}")
+        return sudo_refusal(self.probe, host.name, login, where, self._argv)
 
     def close(self) -> None:
         if self._conn is not None:
