@@ -21,7 +21,7 @@ from fabric import Config, Connection
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from fleetctl.errors import HostError, HostKeyError
-from fleetctl.transport.base import ChannelTimeout, Channel, ProbeResult, StderrTail, Transport
+from fleetctl.transport.base import Channel, ChannelTimeout, ProbeResult, StderrTail, Transport
 from fleetctl.transport.become import become_argv
 from fleetctl.transport.sudoprobe import sudo_refusal
 

@@ -17,7 +17,6 @@ import pwd
 import secrets
 import shutil
 import stat
-import subprocess
 import tempfile
 from pathlib import Path
 

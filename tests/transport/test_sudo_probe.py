@@ -29,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tests.helpers import cli, make_project, snapshot, ssh_host, sudoers_args, write_inventory
+from fleetctl.transport.sudoprobe import SudoProbes, decide
+from tests.helpers import cli, make_project, ssh_host, sudoers_args, write_inventory
 from tests.sshd_boxes import write_known_hosts
 
 pytestmark = pytest.mark.skipif(
@@ -336,11 +339,6 @@ def test_an_interpreter_that_breaks_as_it_starts_is_not_blamed_on_sudo(become_ho
 
 
 # -- the decision, over every combination of answers -----------------------------------------
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from fleetctl.transport.sudoprobe import SudoProbes, decide  # noqa: E402
 
 ARGV = ["/usr/bin/python3", "-c", "import sys"]
 maybe = st.sampled_from([None, True, False])
