@@ -55,6 +55,8 @@ class AgentReport:
             "permission"}``; ``permission`` is the key a standing denial is kept under
             (``tool:Bash``), ``source`` where it was seen (``result``, ``stdout-transcript``,
             ``transcript``).
+        cut_off: the output ends in a JSON line that does not parse (and is not one JSON
+            document as a whole): the agent CLI was cut off while it printed its result.
     """
 
     printed: bool
@@ -63,12 +65,13 @@ class AgentReport:
     subtype: str | None = None
     session_id: str | None = None
     denials: list[dict[str, Any]] = field(default_factory=list)
+    cut_off: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The record form."""
         return {"printed": self.printed, "result": self.result, "is_error": self.is_error,
                 "subtype": self.subtype, "session_id": self.session_id,
-                "denials": len(self.denials)}
+                "denials": len(self.denials), "cut_off": self.cut_off}
 
 
 def _json_objects(text: str) -> Iterator[dict[str, Any]]:
@@ -182,6 +185,7 @@ def read_agent_report(stdout_path: Path, env: Mapping[str, str]) -> AgentReport:
     except OSError:
         text = ""
     objects = list(_json_objects(text))
+    cut_off = _ends_cut_off(text)
     results = [o for o in objects if o.get("type") == "result"
                or ("is_error" in o and ("result" in o or "permission_denials" in o))]
     result = results[-1] if results else None
@@ -206,7 +210,23 @@ def read_agent_report(stdout_path: Path, env: Mapping[str, str]) -> AgentReport:
         printed=bool(text.strip()), result=result is not None,
         is_error=bool(result.get("is_error")) if result else False,
         subtype=str(result["subtype"]) if result and result.get("subtype") else None,
-        session_id=session if isinstance(session, str) else None, denials=denials)
+        session_id=session if isinstance(session, str) else None, denials=denials,
+        cut_off=cut_off)
+
+
+def _ends_cut_off(text: str) -> bool:
+    """Whether ``text`` ends in a JSON object or array line that does not parse, while the
+    whole text is not one JSON document either (a pretty-printed result)."""
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    if not lines or not lines[-1].startswith(("{", "[")):
+        return False
+    for candidate in (lines[-1], text.strip()):
+        try:
+            json.loads(candidate)
+        except ValueError:
+            continue
+        return False
+    return True
 
 
 def _json_objects_lines(text: str) -> Iterator[dict[str, Any]]:

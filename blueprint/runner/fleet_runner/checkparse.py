@@ -5,7 +5,9 @@ sequences are stripped: :func:`strip_ansi`):
 
 ``gnu``      ``path:line:col: message`` and ``path:line: message``. Emitted by ruff
              (``--output-format concise``), flake8, pyflakes, mypy (with or without
-             ``--show-column-numbers``), gcc and clang, ``eslint --format unix``.
+             ``--show-column-numbers``; with ``--show-error-end`` it prints
+             ``path:line:col:end_line:end_col: message``, whose end is skipped: the column
+             stays the start's), gcc and clang, ``eslint --format unix``.
 ``paren``    ``path(line,col): message``: ``tsc --pretty false``.
 ``arrow``    a header line ``CODE message`` followed by a location line ``--> path:line:col``:
              ruff's default ``full`` format.
@@ -16,7 +18,8 @@ sequences are stripped: :func:`strip_ansi`):
 
 Lines that are understood but carry no diagnostic, and so never count as unparsed:
 blank lines; lines starting with whitespace or a ``|`` code-frame gutter (source excerpts,
-carets, continuations); ``help:``/``note:``/``hint:``/``info:`` lines; and the summaries
+carets, continuations), or with a line number and ``+``/``-`` (ruff's fix preview: ``1 + import
+os``); ``help:``/``note:``/``hint:``/``info:`` lines; and the summaries
 ``Found N errors``, ``[*] N fixable ...``, ``No fixes available ...``, ``All checks passed!``
 (ruff), ``Success: no issues found ...`` (mypy), ``N problems`` and ``✖ N problems (...)``
 (eslint), ``Errors  Files`` (tsc), ``In file included
@@ -44,12 +47,13 @@ from dataclasses import dataclass
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
-_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<msg>.*)\Z")
+_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):(?:\d+:\d+:)?)?"
+                  r"\s*(?P<msg>.*)\Z")
 _TSC_PRETTY = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?P<col>\d+) - "
                          r"(?P<msg>(?:error|warning|message)\b.*)\Z")
 _PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)\Z")
 _ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*\Z")
-_CONTEXT = re.compile(r"^(\s|\d*\s*\|)")
+_CONTEXT = re.compile(r"^(\s|\d*\s*\||\d+\s+[+-](\s|\Z))")
 _NOISE = re.compile(
     r"^(?:"
     r"(?:help|note|hint|info)(?:\[[^\]]*\])?:\s"

@@ -165,6 +165,19 @@ class AgentConfig:
         return [s for s in self.mcp_servers if s.via == VIA_MCP]
 
     @property
+    def expects_result(self) -> bool:
+        """Whether ``agent_command`` asks its agent CLI for a JSON result (``--output-format
+        json`` or ``stream-json``, also as ``--output-format=...``): its output must then end
+        in one, complete, or the run did not finish (:func:`fleet_runner.gates.run_gate`)."""
+        argv = list(self.agent_command or ())
+        for i, arg in enumerate(argv):
+            value = arg.split("=", 1)[1] if arg.startswith("--output-format=") else \
+                argv[i + 1] if arg == "--output-format" and i + 1 < len(argv) else None
+            if value in ("json", "stream-json"):
+                return True
+        return False
+
+    @property
     def uses_mcp_config(self) -> bool:
         """Whether a word of ``agent_command`` holds ``{mcp_config}``."""
         return any(MCP_CONFIG in arg for arg in self.agent_command or ())

@@ -7,8 +7,9 @@ words are never a success signal.
 ``run``
     the agent command itself: fails when it could not start, timed out, was killed by a signal
     or exited non-zero (a crashed run is not a finished one), when the agent CLI's own result
-    says ``is_error`` or when it printed nothing (:mod:`fleet_runner.agentresult`). Passing it
-    proves nothing else.
+    says ``is_error``, when it printed nothing, when its output ends in a cut-off JSON line,
+    or, when the agent command asks for a JSON result, when there is no complete one
+    (:mod:`fleet_runner.agentresult`). Passing it proves nothing else.
 ``check``
     one result per declared check (``sh -c``, in the check's ``cwd``, its own process group
     and timeout, plain output forced: :func:`check_env`), diff-aware: only errors placed in
@@ -35,7 +36,8 @@ words are never a success signal.
     patterns (:mod:`fleet_runner.scope`; a path in a ``.git`` directory only through a pattern
     naming ``.git``); fails listing those outside, and when the commits cannot be read.
     Skipped when ``writes`` is unset. The runner then undoes what is outside
-    (:mod:`fleet_runner.undo`).
+    (:mod:`fleet_runner.undo`), before the checks run: they judge what is left, and their
+    feedback never names a file that is gone.
 """
 
 from __future__ import annotations
@@ -112,10 +114,12 @@ class GateResult:
 
 
 def run_gate(inv: Invocation, stderr_tail_bytes: int = 4000,
-             report: AgentReport | None = None) -> GateResult:
+             report: AgentReport | None = None, expect_result: bool = False) -> GateResult:
     """The ``run`` gate from the agent command's :class:`Invocation` and, when given, the
     agent CLI's own report (:mod:`fleet_runner.agentresult`): a result with ``is_error:
-    true``, or nothing printed on stdout, fails it too."""
+    true``, nothing printed on stdout, or output ending in a cut-off JSON line fails it too;
+    so does output with no complete JSON result when ``expect_result`` (the agent command
+    asks for one: :attr:`fleet_runner.config.AgentConfig.expects_result`), such as prose."""
     ok = inv.start_error is None and inv.stopped is None and inv.signal is None \
         and inv.exit_status == 0
     output = ""
@@ -130,6 +134,15 @@ def run_gate(inv: Invocation, stderr_tail_bytes: int = 4000,
         elif ok and not report.printed:
             ok = False
             summary += ", but printed nothing: a run with no output is not a finished run"
+        elif ok and report.cut_off:
+            ok = False
+            summary += (", but its output ends in a cut-off JSON line: the agent CLI did not "
+                        "finish printing its result")
+        elif ok and expect_result and not report.result:
+            ok = False
+            summary += (", but its output holds no complete JSON result (the agent command "
+                        "asks for --output-format json): prose or a cut-off result is not a "
+                        "finished run")
     if not ok and inv.stderr_path is not None:
         output = tail_text(inv.stderr_path, stderr_tail_bytes)
     return GateResult("run", PASS if ok else FAIL, summary, output, details, inv.duration_s)
@@ -312,20 +325,25 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
         return result(FAIL, f"the check {where} exited {inv.exit_status}", tail_text_of(text))
     parsed = parse_checker_output(text)
     placed = place_diagnostics(parsed.diagnostics, touched, workspace, cwd)
-    # A checker that failed with warnings only (shellcheck, eslint --max-warnings 0) failed on
-    # them: they are what must be placed, or its non-zero exit would pass unexplained.
-    failing = ERROR if any(d.severity == ERROR for d in parsed.diagnostics) else None
-    new_errors = [d for d in placed.inside if failing is None or d.severity == failing]
-    unplaced_errors = [d for d in placed.unplaced if failing is None or d.severity == failing]
-    debt = [d for d in placed.outside if failing is None or d.severity == failing]
 
     def shown(diag: Diagnostic) -> str:
         col = f"{diag.col}:" if diag.col is not None else ""
         return f"{placed.where.get(id(diag), diag.path)}:{diag.line}:{col} {diag.message}"
 
+    # Each diagnostic once: two tools in one check, or one file printed by two paths
+    # (pkg/a.py, ./pkg/a.py, a symlink), report the same one twice.
+    inside, outside = _once(placed.inside, shown), _once(placed.outside, shown)
+    unplaced = _once(placed.unplaced, Diagnostic.render)
+    # A checker that failed with warnings only (shellcheck, eslint --max-warnings 0) failed on
+    # them: they are what must be placed, or its non-zero exit would pass unexplained.
+    failing = ERROR if any(d.severity == ERROR for d in parsed.diagnostics) else None
+    new_errors = [d for d in inside if failing is None or d.severity == failing]
+    unplaced_errors = [d for d in unplaced if failing is None or d.severity == failing]
+    debt = [d for d in outside if failing is None or d.severity == failing]
+
     details.update(
         new_errors=[shown(d) for d in new_errors[:LIST_MAX]], new_error_count=len(new_errors),
-        warnings=[shown(d) for d in placed.inside if failing is not None
+        warnings=[shown(d) for d in inside if failing is not None
                   and d.severity != ERROR][:LIST_MAX],
         existing_debt=[shown(d) for d in debt[:LIST_MAX]], existing_debt_count=len(debt),
         unplaced=_listed(unplaced_errors), unplaced_count=len(unplaced_errors),
@@ -333,7 +351,7 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
     if keep_debt_keys:
         # Every diagnostic, warnings too: a later run that fails on warnings alone (its errors
         # fixed) is judged by them.
-        every = placed.outside
+        every = outside
         details["debt_keys"] = [shown(d) for d in every] if len(every) <= DEBT_KEYS_MAX \
             else None
     known_debt = set(baseline_debt) if baseline_debt is not None else None
@@ -367,6 +385,18 @@ def check_gate(spec: Any, workspace: Path, touched: Sequence[str], *,
     known = "" if baseline_debt is not None else " (not compared with the baseline: unknown)"
     return result(PASS, f"the check {where} exited {inv.exit_status}, but only on existing "
                   f"debt: {len(debt)} error(s) in files this task did not change{known}")
+
+
+def _once(diags: Sequence[Diagnostic], key: Callable[[Diagnostic], str]) -> list[Diagnostic]:
+    """``diags`` in order, each ``(key, severity)`` kept the first time only."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for diag in diags:
+        mark = (key(diag), diag.severity)
+        if mark not in seen:
+            seen.add(mark)
+            out.append(diag)
+    return out
 
 
 def baseline_debt(result: GateResult) -> list[str] | None:

@@ -21,8 +21,9 @@ person: :mod:`fleet_runner.standing`):
    the agent command (with the call-counting shims of :mod:`fleet_runner.calls` first on its PATH),
    snapshot, write the ledger line, read the agent CLI's own result
    (:mod:`fleet_runner.agentresult`), then either stop at once on a permission denial (from a
-   CLI, the result or the transcript; it becomes a standing denial) or run every gate (what
-   is outside the write scope is undone: :mod:`fleet_runner.undo`) and write the run record;
+   CLI, the result or the transcript; it becomes a standing denial) or run every gate (the
+   scope gate first: what is outside the write scope is undone, :mod:`fleet_runner.undo`,
+   before the checks judge what is left) and write the run record;
    a pass finishes the task, a fault of a check (it cannot run, or its output cannot be read
    or placed) stops it at once, a failure waits the bounded back-off and retries;
 4. when the last attempt failed: escalate through notify (task, failed verifications and
@@ -1121,14 +1122,25 @@ class Runner:
         gates_started = time.monotonic()
         if denied:
             # Stop at once: no verification, no retry.
-            results = [gates.run_gate(inv, report=report)]
+            results = [gates.run_gate(inv, report=report,
+                                      expect_result=config.expects_result)]
             verdict = DENIED
         else:
-            results = [gates.run_gate(inv, report=report)]
+            results = [gates.run_gate(inv, report=report,
+                                      expect_result=config.expects_result)]
+            # The scope gate first: what it undoes is gone before the checks judge, so their
+            # feedback never names a file that is no longer there.
+            scope_result = self._scope_gate(task, changes, writes, committed, commit_error)
+            judged, judged_after = changes, after
+            if scope_result.details.get("undone_count"):
+                judged_after = take_snapshot(self.paths.workspace)
+                judged, _ = without_leftovers(diff_snapshots(task.baseline, judged_after),
+                                              config.check_leftovers, task.check_written,
+                                              judged_after)
             for i, spec in enumerate(config.checks or (None,)):
                 with self._check_environment() as check_env:
                     results.append(gates.check_gate(
-                        spec, self.paths.workspace, changes.touched,
+                        spec, self.paths.workspace, judged.touched,
                         timeout_s=self.options.check_timeout_s,
                         kill_grace_s=self.options.kill_grace_s,
                         output_path=task.dir / (f"attempt-{n}.check.out" if i == 0
@@ -1141,12 +1153,12 @@ class Runner:
             if config.checks and task.check_written is not None:
                 # What the checks wrote now is theirs at the next attempt, unless changed.
                 task.check_written.update(check_written(
-                    after, self.paths.workspace, config.check_leftovers))
+                    judged_after, self.paths.workspace, config.check_leftovers))
                 write_json_atomic(task.dir / CHECK_WRITTEN, task.check_written)
             results += [
                 gates.anti_silence_gate(message.human, message.id, message.channel,
                                         evidence.sends_for_task(self.paths.sends_log, message.id)),
-                self._scope_gate(task, changes, writes, committed, commit_error),
+                scope_result,
             ]
             reap_orphans()
             if self.stop_reason:  # stopped while verifying: the attempt is redone next start
