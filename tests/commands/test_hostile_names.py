@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 from tests.engine.test_names import HOSTILE, decode, looks_safe
@@ -37,9 +38,7 @@ def _fleet(tmp_path: Path):
 
 def git_apply_reverse(patch: bytes, start: bytes) -> bytes:
     """``start`` (the blueprint's file) with ``patch`` (live to desired) undone by git."""
-    work = Path(os.environ.get("TMPDIR", "/tmp"))
-    import tempfile
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "runner").mkdir()
         (Path(tmp) / "runner" / "conf").write_bytes(start)
         (Path(tmp) / "p.diff").write_bytes(patch)
@@ -81,6 +80,16 @@ def test_hostile_names_print_safely_and_decode_back_in_text_and_json(tmp_path):
                or lines[i].startswith("h: "))
     cut = b"".join(decode(line) + b"\n" for line in lines[start:end])
     assert git_apply_reverse(cut, blueprint_file) == CONTENT
+
+
+def test_the_dry_run_diff_applies_back_too(tmp_path):
+    inv, bp, _ = _fleet(tmp_path)
+    run = cli("ship", "--dry-run", "--force", "--diff", "--format", "json", inventory=inv,
+              blueprint=bp)
+    assert run.code == 0, run.stderr
+    (diff,) = [d for d in run.host("h")["diffs"] if d["path"] == "runner/conf"]
+    assert git_apply_reverse(diff["patch"].encode(), (bp / "runner" / "conf").read_bytes()) \
+        == CONTENT
 
 
 def test_an_error_naming_a_hostile_path_cannot_drive_the_terminal(tmp_path):

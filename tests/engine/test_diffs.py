@@ -89,10 +89,10 @@ def cut_patch(output: str) -> bytes:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pairs())
-def test_every_text_diff_applies_both_ways_from_json_and_from_the_printed_text(pair):
+@given(pairs(), st.sampled_from(["f.txt", "f.yaml", "f.json"]))
+def test_every_text_diff_applies_both_ways_from_json_and_from_the_printed_text(pair, name):
     live, desired = pair
-    diff = diff_contents("f.txt", live, desired)
+    diff = diff_contents(name, live, desired)
     doc = json.loads(json.dumps(diff.to_json()))
     assert (doc["live_digest"], doc["desired_digest"]) == (sha(live), sha(desired))
     if live == desired:
@@ -106,13 +106,13 @@ def test_every_text_diff_applies_both_ways_from_json_and_from_the_printed_text(p
             assert part in doc["note"]
         return
     patch = doc["patch"].encode("utf-8")
-    assert git_apply(patch, desired, reverse=True) == live
-    assert git_apply(patch, live) == desired
+    assert git_apply(patch, desired, reverse=True, name=name) == live
+    assert git_apply(patch, live, name=name) == desired
     from_text = cut_patch(printed("h", diff))
     # A pipe's stripped line ends take an empty context line's space; git reads it as context.
     assert [line or b" " for line in from_text.split(b"\n")] == \
         [line or b" " for line in patch.split(b"\n")]
-    assert git_apply(from_text, desired, reverse=True) == live
+    assert git_apply(from_text, desired, reverse=True, name=name) == live
     if live.replace(b"\r\n", b"\n") == desired.replace(b"\r\n", b"\n"):
         assert "only line endings differ" in doc["note"]
 
