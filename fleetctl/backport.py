@@ -37,7 +37,7 @@ from typing import Any
 
 from fleetctl.blueprint import Blueprint
 from fleetctl.credentials import is_credential_path
-from fleetctl.diffs import FileDiff, diff_contents, safe_line, split_lines
+from fleetctl.diffs import FileDiff, diff_contents, show_diff_line, split_lines
 from fleetctl.drift import (
     CONFLICT,
     EXTRA,
@@ -94,8 +94,10 @@ class BackportResult:
     Attributes:
         host: the inventory name.
         items: one per path considered, in path order.
-        git_diff: ``git diff`` of the blueprint after the writes, each line escaped for a
-            terminal (empty when nothing was written or the blueprint is not in git).
+        git_diff: ``git diff`` of the blueprint after the writes, each line in the
+            :func:`~fleetctl.diffs.show_diff_line` form (safe for a terminal, decodable back to
+            the patch), split at ``\n`` only; empty when nothing was written or the blueprint
+            is not in git.
     """
 
     host: str
@@ -399,4 +401,4 @@ def _git_diff(root: Path, paths: list[str]) -> list[str]:
                               os.fsdecode(name)], capture_output=True, check=False, env=env,
                              cwd=str(root)).stdout
         lines += split_lines(new.decode("utf-8", "surrogateescape"))
-    return [safe_line(line.removesuffix("\n")) for line in lines]
+    return [show_diff_line(line.removesuffix("\n")) for line in lines]

@@ -93,12 +93,6 @@ class FileDiff:
                 "note": self.note}
 
 
-def safe_line(text: str) -> str:
-    """One line of someone else's text for a terminal (``git diff`` output, a YAML error):
-    every control character (ESC and tab included) and bad byte escaped, nothing else changed."""
-    return printable(text)
-
-
 def split_lines(text: str) -> list[str]:
     """``text`` cut after each ``\\n`` only (each line keeps its ``\\n``; the last may have
     none). ``str.splitlines`` would also cut at a CR, ``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``,
@@ -135,7 +129,7 @@ def unified_diff(old: str, new: str, fromfile: str, tofile: str,
 
     def body(marker: str, line: str) -> None:
         content = line[:-1] if line.endswith("\n") else line
-        out.append((marker + content, marker + _shown_content(content)))
+        out.append((marker + content, show_diff_line(marker + content)))
         if not line.endswith("\n"):
             out.append((NO_NEWLINE, NO_NEWLINE))
 
@@ -155,10 +149,14 @@ def unified_diff(old: str, new: str, fromfile: str, tofile: str,
     return out
 
 
-def _shown_content(content: str) -> str:
-    """A diff line's content in the :func:`~fleetctl.names.show_name` form; a space that starts it
-    stays (the marker is before it)."""
-    return show_name(content, lead=False)
+def show_diff_line(line: str) -> str:
+    """One line of a unified diff for people: its first character (the marker) as it is, the
+    rest in the :func:`~fleetctl.names.show_name` form but for a leading space (the marker is
+    before it); ``\\ No newline at end of file`` as it is. :func:`fleetctl.names.unshow_bytes`
+    gives the line back."""
+    if not line or line == NO_NEWLINE:
+        return line
+    return line[0] + show_name(line[1:], lead=False)
 
 
 def _decode(data: bytes) -> str | None:

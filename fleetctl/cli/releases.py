@@ -244,7 +244,7 @@ def backport_command(
             note = f": {item.reason}" if item.reason else ""
             lines.append(f"{done.host}: {show_name(item.path)}: {item.action}{printable(note)}")
             if item.diff is not None:
-                lines += [f"  {line}" for line in diff_text(done.host, item.diff)]
+                lines += diff_text(done.host, item.diff)  # not indented: it cuts as a patch
         if not done.items:
             lines.append(f"{done.host}: no hand-patch to bring home")
         if done.git_diff:

@@ -97,3 +97,17 @@ def test_an_error_naming_a_hostile_path_cannot_drive_the_terminal(tmp_path):
     run = cli("ship", "--yes", "--force-path", "runner/\x1b[31mno-such", inventory=inv,
               blueprint=bp)
     assert "\x1b" not in run.stdout + run.stderr
+
+
+def test_backports_git_diff_decodes_back_to_a_patch(tmp_path):
+    """backport prints git's own diff of what it wrote; its lines (split at \\n only, content
+    escaped) decode back to a patch that undoes the write."""
+    inv, bp, _ = _fleet(tmp_path)
+    before = (bp / "runner" / "conf").read_bytes()
+    run = cli("backport", "h", "runner/conf", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 0, run.stdout + run.stderr
+    assert (bp / "runner" / "conf").read_bytes() == CONTENT
+    lines = run.doc["git_diff"]
+    assert all(looks_safe(line.strip(" ")) or not line.strip(" ") for line in lines), lines
+    patch = b"".join(decode(line) + b"\n" for line in lines)
+    assert git_apply_reverse(patch, CONTENT) == before
