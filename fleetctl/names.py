@@ -18,6 +18,9 @@ import re
 import unicodedata
 
 _SHOWN_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
+_MARKS = ("Mn", "Mc", "Me")
+# Printable by Unicode's categories but drawn as nothing: Hangul fillers, the braille blank.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def escape_name(name: str) -> tuple[str, bool]:
@@ -64,7 +67,8 @@ def show_name(name: str, lead: bool = True) -> str:
     encoding, ``\\xNN`` each (lowercase hex), and so is each byte that is not valid UTF-8 (a
     lone surrogate from ``surrogateescape``). :func:`unshow_bytes` turns it back. With
     ``lead=False`` a leading space stays (a diff line's content, after its marker). In a name
-    that is not in Unicode NFC, combining marks are escaped too.
+    that is not in Unicode NFC, combining marks are escaped too, and so are a mark after an
+    escape and the few letters drawn as nothing (Hangul fillers, the braille blank).
 
     >>> show_name("a\\x1b[31m b\\\\")
     'a\\\\x1b[31m b\\\\\\\\'
@@ -81,7 +85,8 @@ def show_name(name: str, lead: bool = True) -> str:
             out.append("\\\\")
         elif ch == " " and ((lead and i == 0) or i == last):
             out.append("\\x20")
-        elif ch.isprintable() and not (unicodedata.combining(ch) and (marks or not bare)):
+        elif ch.isprintable() and ch not in _BLANK_LETTERS and not (
+                unicodedata.category(ch) in _MARKS and (marks or not bare)):
             out.append(ch)
             bare = True
             continue

@@ -82,3 +82,13 @@ def test_names_that_look_alike_in_naive_escapers_stay_apart():
     assert shown[b"a\x1b"] == "a\\x1b" and shown[b"a\\x1b"] == "a\\\\x1b"
     assert shown["bidi\u202etxt.exe".encode()] == "bidi\\xe2\\x80\\xaetxt.exe"
     assert shown[b" lead"] == "\\x20lead" and shown[b"trail "] == "trail\\x20"
+
+
+def test_names_that_would_look_alike_on_screen_print_differently():
+    """Canonically equivalent names (NFD "e" + U+0301 and NFC "é") and letters drawn as nothing
+    (U+3164 Hangul filler) would pass str.isprintable and still look alike."""
+    assert show_name("\u00e9") == "\u00e9"
+    assert show_name("e\u0301") == "e\\xcc\\x81"
+    assert show_name("ab") != show_name("a\u3164b") == "a\\xe3\\x85\\xa4b"
+    assert show_name("\u0301x") == "\\xcc\\x81x"  # a mark with nothing to sit on
+    assert show_name("\u0915\u094d\u0937\u093f") == "\u0915\u094d\u0937\u093f"  # NFC Devanagari stays
