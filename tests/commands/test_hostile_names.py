@@ -111,3 +111,19 @@ def test_backports_git_diff_decodes_back_to_a_patch(tmp_path):
     assert all(looks_safe(line.strip(" ")) or not line.strip(" ") for line in lines), lines
     patch = b"".join(decode(line) + b"\n" for line in lines)
     assert git_apply_reverse(patch, CONTENT) == before
+
+
+def test_hostile_names_in_markdown_decode_back_from_their_code_spans(tmp_path):
+    import re
+
+    inv, bp, _ = _fleet(tmp_path)
+    run = cli("drift", "--format", "markdown", inventory=inv, blueprint=bp)
+    assert run.code == 1, run.stderr
+    for ch in "\x1b\r\x07\u202e\u2028\x85\t":
+        assert ch not in run.stdout
+    spans = []
+    for line in run.stdout.split("\n"):
+        found = re.match(r"\| (`+) ?(.*?) ?\1 \|", line)
+        if found and "runner/" in found.group(2):
+            spans.append(found.group(2).replace("\\|", "|"))  # GFM: a table cell's \| is |
+    assert {decode(s) for s in spans} == {b"runner/" + raw for raw in NAMES} | {b"runner/conf"}
