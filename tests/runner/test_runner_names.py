@@ -240,3 +240,51 @@ def test_hostile_names_are_answered_once_without_retry_or_escalation(real_users,
             assert (fleet.state / "runs" / expected_form(task) / "result.json").is_file()
 
     one()
+
+
+def test_standing_denials_of_permissions_that_differ_only_in_odd_characters_stay_apart(
+        tmp_path):
+    """A permission is a name from the agent CLI's result (``tool:NAME``): its file name was
+    the permission with every odd character as ``_``, cut at 120, so two permissions shared a
+    file; the second was never recorded, and clearing one cleared the other."""
+    from fleet_runner import standing
+
+    long_a, long_b = "tool:" + "x" * 150 + "a", "tool:" + "x" * 150 + "b"
+    perms = ["tool:my tool", "tool:my_tool", "tool:a/b", long_a, long_b]
+    directory = tmp_path / "standing-denials"
+    got = standing.record(directory, [{"permission": p, "what": p} for p in perms], task="t1",
+                          run="t1/1", clear=lambda p: f"clear {p}")
+    assert got == perms
+    assert sorted(d["permission"] for d in standing.standing(directory)) == sorted(perms)
+    assert standing.clear(directory, "tool:my tool") == ["tool:my tool"]
+    assert sorted(d["permission"] for d in standing.standing(directory)) == sorted(
+        p for p in perms if p != "tool:my tool")
+    assert standing.clear(directory, long_a) == [long_a]
+    assert long_b in [d["permission"] for d in standing.standing(directory)]
+
+
+def test_a_standing_denial_file_an_older_runner_named_is_still_cleared(tmp_path):
+    from fleet_runner import standing
+
+    directory = tmp_path / "standing-denials"
+    directory.mkdir()
+    (directory / "tool_Bash.json").write_text(json.dumps(
+        {"permission": "tool:Bash", "task": "t0", "time": "2026-01-01T00:00:00Z"}))
+    assert [d["permission"] for d in standing.standing(directory)] == ["tool:Bash"]
+    assert standing.clear(directory, "tool:Bash") == ["tool:Bash"]
+    assert standing.standing(directory) == []
+
+
+@pytest.mark.parametrize("detail", ["--> pkg/a.py:1:1", "-1 is not an answer", "-"])
+def test_an_escalation_whose_detail_starts_with_a_dash_goes_through_the_notify_cli(
+        detail, tmp_path):
+    """The detail is a check's raw output (ruff's ``--> path``) or a person's text: as its own
+    argument after ``--detail`` the notify CLI took it for an option and refused."""
+    from fleet_runner.escalate import escalate
+
+    spool = tmp_path / "notify"
+    done = escalate(release=REPO / "blueprint", spool=spool, env=dict(os.environ), agent="a1",
+                    task="t1", kind="gave-up", failures=1, reason="-why", detail=detail)
+    assert done["via"] == "notify-cli", done
+    [sent] = [json.loads(p.read_text()) for p in spool.glob("*.json")]
+    assert (sent["detail"], sent["reason"], sent["via"]) == (detail, "-why", "notify-cli")

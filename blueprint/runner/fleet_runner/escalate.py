@@ -43,8 +43,10 @@ def escalate(*, release: Path, spool: Path, env: Mapping[str, str], agent: str, 
     """
     cli = Path(release) / "skills" / "notify" / "bin" / "notify"
     detail = detail if len(detail) <= DETAIL_MAX_CHARS else detail[-DETAIL_MAX_CHARS:]
-    args = ["--task", task, "--agent", agent, "--kind", kind, "--failures", str(failures),
-            "--reason", reason, "--detail", detail]
+    # OPTION=VALUE: a value that starts with "-" (a check's "--> path", a person's text) is
+    # never taken for an option.
+    args = [f"--task={task}", f"--agent={agent}", f"--kind={kind}", f"--failures={failures}",
+            f"--reason={reason}", f"--detail={detail}"]
     error = None
     if os.path.isfile(cli):
         try:

@@ -3,28 +3,27 @@
 When a task is stopped by a permission denial (:mod:`fleet_runner.evidence`,
 :mod:`fleet_runner.agentresult`), each refused permission becomes a **standing denial**: one
 JSON file in ``STATE/standing-denials/`` named for the permission (``cli:vault``,
-``tool:Bash``), holding ``{"permission", "task", "run", "what", "time", "clear"}``. While any
-is there, the runner starts no new task: the runner cannot tell before a task runs which
-permissions it will need, and a refused permission is not granted by trying again (a new
-token, a grant, a policy change is a person's job). Messages wait in ``inbox/``; a task already
-in ``processing/`` is finished. A person clears a denial once the permission is granted (or
-the refusal understood) with ``ROOT/current/runner/bin/fleet-runner --agent NAME --root ROOT
---clear-denial PERMISSION`` (or ``all``), which removes the file; ``--list-denials`` prints
-them. Clearing needs no stop: the serving runner reads the directory before it takes each
-message.
+``tool:Bash``) in its file-name form (:func:`fleet_runner.names.encode_name`: the tool name is
+the agent CLI's, any string; ``tool%3ABash.json``), holding ``{"permission", "task", "run",
+"what", "time", "clear"}``. While any is there, the runner starts no new task: the runner
+cannot tell before a task runs which permissions it will need, and a refused permission is not
+granted by trying again (a new token, a grant, a policy change is a person's job). Messages
+wait in ``inbox/``; a task already in ``processing/`` is finished. A person clears a denial
+once the permission is granted (or the refusal understood) with
+``ROOT/current/runner/bin/fleet-runner --agent NAME --root ROOT --clear-denial PERMISSION`` (or
+``all``), which removes the file; ``--list-denials`` prints them. Clearing needs no stop: the
+serving runner reads the directory before it takes each message.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fleet_runner.names import encode_name
 from fleet_runner.records import now_iso, read_json, write_json_atomic
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def permission_of(denial: dict[str, Any]) -> str:
@@ -37,7 +36,9 @@ def permission_of(denial: dict[str, Any]) -> str:
 
 
 def _file(directory: Path, permission: str) -> Path:
-    return Path(directory) / (_UNSAFE.sub("_", permission)[:120] + ".json")
+    # Reversible and never shared (the odd characters made "_" and a cut at 120 let two
+    # permissions share a file, so clearing one cleared the other).
+    return Path(directory) / (encode_name(permission) + ".json")
 
 
 def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run: str,
@@ -72,6 +73,12 @@ def record(directory: Path, denials: Sequence[dict[str, Any]], *, task: str, run
 
 def standing(directory: Path) -> list[dict[str, Any]]:
     """The standing denials, oldest first (``[]`` when none or no directory)."""
+    return [entry for _, entry in _standing_files(directory)]
+
+
+def _standing_files(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Each standing denial with the file it is in, oldest first (a file an older runner
+    named its own way included)."""
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -85,8 +92,8 @@ def standing(directory: Path) -> list[dict[str, Any]]:
         except ValueError:
             value = {"permission": name[:-5], "what": "(unreadable file)"}
         if isinstance(value, dict):
-            found.append(value)
-    return sorted(found, key=lambda d: str(d.get("time", "")))
+            found.append((Path(directory) / name, value))
+    return sorted(found, key=lambda pair: str(pair[1].get("time", "")))
 
 
 def clear(directory: Path, permission: str) -> list[str]:
@@ -96,11 +103,11 @@ def clear(directory: Path, permission: str) -> list[str]:
         The permissions cleared (``[]`` when there was no such denial).
     """
     cleared = []
-    for entry in standing(directory):
+    for path, entry in _standing_files(directory):
         name = str(entry.get("permission"))
         if permission in ("all", name):
             try:
-                os.unlink(_file(directory, name))
+                os.unlink(path)  # the file it was read from: no other denial's
                 cleared.append(name)
             except FileNotFoundError:
                 pass
