@@ -224,6 +224,7 @@ class NightlyReport:
         fail_on: the ``--fail-on`` words in force.
         allowlist: ``{"path", "entries", "unused", "expired"}`` or ``None``.
         previous: the ``generated`` time of the night compared with, or ``None``.
+        runners: what the runners' own records say needs a person (:func:`runners_record`).
     """
 
     generated: str
@@ -237,6 +238,7 @@ class NightlyReport:
     fail_on: list[str] = field(default_factory=lambda: ["all"])
     allowlist: dict[str, Any] | None = None
     previous: str | None = None
+    runners: dict[str, Any] = field(default_factory=lambda: runners_record(None))
 
     @property
     def exit_code(self) -> int:
@@ -393,6 +395,43 @@ def read_series(hosts: list[Any], parallel: int) -> list[AgentSeries]:
     return out
 
 
+def runners_record(status: Any) -> dict[str, Any]:
+    """What the report says about the runners, from :func:`fleetctl.status.fleet_status`'s
+    result (or ``None``: not read, ``--no-ledgers``); a pure function.
+
+    ``{"read": bool, "agents": N read, "attention": [...], "errors": [...]}``: ``attention``
+    lists the agents that need a person (a last task that gave up, was denied or refused, an
+    escalation waiting, a standing denial) as ``{host, agent, role, last_task, outcome,
+    reason, escalations_waiting, escalations, standing_denials}`` (the first 3 escalations:
+    ``task, kind, reason``; standing denials counted); ``errors`` the records that could not be
+    read, ``{host, agent, error}`` (``agent`` ``None`` for a whole host): never "nobody waits".
+    """
+    if status is None:
+        return {"read": False, "agents": 0, "attention": [], "errors": []}
+    attention, errors, read = [], [], 0
+    for h in status.hosts:
+        if h.status == "error":
+            errors.append({"host": h.host, "agent": None,
+                           "error": safe_text(h.error or "could not be read")})
+            continue
+        for a in h.agents:
+            read += 1
+            if a.errors:
+                errors.append({"host": h.host, "agent": a.agent,
+                               "error": safe_text("; ".join(a.errors))})
+            if a.attention:
+                attention.append({
+                    "host": h.host, "agent": a.agent, "role": a.role,
+                    "last_task": safe_text(a.last_task) if a.last_task else None,
+                    "outcome": a.outcome, "reason": safe_text(a.reason) if a.reason else None,
+                    "escalations_waiting": a.escalations,
+                    "escalations": [{k: safe_text(str(e.get(k))) if e.get(k) is not None
+                                     else None for k in ("task", "kind", "reason")}
+                                    for e in a.escalation_list[:3]],
+                    "standing_denials": len(a.standing_denials)})
+    return {"read": True, "agents": read, "attention": attention, "errors": errors}
+
+
 def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, parallel: int = 8,
             progress: Any = None, ledgers: bool = True,
             generated: str | None = None) -> NightlyReport:
@@ -405,7 +444,8 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         source: the blueprint checkout (:class:`fleetctl.source.SourceState`).
         parallel: hosts at once; default 8.
         progress: a :class:`fleetctl.results.Progress` for the drift scans, or ``None``.
-        ledgers: read the runners' ledgers for the prefix-tokens chart; default yes.
+        ledgers: read the runners' records: the ledgers for the prefix-tokens chart, and the
+            last tasks and escalations for the agents that need a person; default yes.
         generated: the time the report is dated (:func:`now_utc`); default now.
 
     Every host is attempted by every check; a host or check that fails is a
@@ -454,7 +494,14 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         findings=[f for h in hosts for f in sorted(findings[h.name],
                                                    key=lambda f: (order[f.check], f.kind,
                                                                   f.subject))],
-        agents=read_series(hosts, parallel) if ledgers else [])
+        agents=read_series(hosts, parallel) if ledgers else [],
+        runners=_read_runners(hosts, parallel) if ledgers else runners_record(None))
+
+
+def _read_runners(hosts: list[Any], parallel: int) -> dict[str, Any]:
+    from fleetctl.status import fleet_status
+
+    return runners_record(fleet_status([h for h in hosts if h.agents], parallel))
 
 
 def _tokens_checks(blueprint: Any, inventory: Any, hosts: list[Any],
@@ -771,6 +818,7 @@ def report_document(report: NightlyReport) -> dict[str, Any]:
         "agents": [a.to_json() for a in report.agents],
         "nights": report.nights,
         "allowlist": report.allowlist,
+        "runners": report.runners,
     }
 
 

@@ -47,13 +47,15 @@ class ReportFormat(str, Enum):
     html = "html"
 
 
-def _render(fmt: str, doc: dict, quiet: bool = False) -> str:
+def _render(fmt: str, doc: dict, quiet: bool = False, elsewhere: tuple[str, ...] = ()) -> str:
+    """``doc`` in ``fmt``; ``elsewhere``: the run's other output files, which the Markdown
+    names as where every finding is when it had to be cut."""
     from fleetctl.cli.output import nightly as r
 
     if fmt == "json":
         return r.to_json(doc)
     if fmt == "markdown":
-        return r.to_markdown(doc)
+        return r.to_markdown(doc, elsewhere=elsewhere)
     if fmt == "junit":
         return r.to_junit(doc)
     if fmt == "html":
@@ -86,8 +88,9 @@ def report_command(
         "all", "--fail-on", metavar="WORDS", help="What fails the run (exit 1), comma-separated: "
         "all, none, new, a check (drift, creds, tokens) or finding kinds (hand-patch, "
         "conflict, readable-by-others...)."),
-    no_ledgers: bool = typer.Option(False, "--no-ledgers",
-                                    help="Do not read the runners' ledgers (no tokens chart)."),
+    no_ledgers: bool = typer.Option(
+        False, "--no-ledgers", help="Do not read the runners' records (no tokens chart; "
+        "whether an agent waits on a person is not known)."),
     now: str | None = typer.Option(
         None, "--now", metavar="TIME", help="Date the report TIME (ISO 8601, UTC) instead of "
         "the clock, for replays and tests; allowlist expiry is judged on its date."),
@@ -157,12 +160,13 @@ def _report_body(hosts, fmt, to_stdout, outputs, history, keep, allowlist, fail_
     nightly.judge(report, earlier[-1] if earlier else None, accepted, rule, allowlist,
                   before[-(keep - 1):] if keep > 1 else [])
     doc = nightly.report_document(report)
+    whole = tuple(str(path) for kind, path in outputs if kind in ("json", "html", "junit"))
     for kind, path in outputs:
-        nightly.write_whole(path, _render(kind, doc, quiet))
+        nightly.write_whole(path, _render(kind, doc, quiet, whole))
     if history is not None:
         nightly.save_night(history, doc, keep)
     if to_stdout:
-        sys.stdout.write(_render(fmt, doc, quiet))
+        sys.stdout.write(_render(fmt, doc, quiet, whole))
         sys.stdout.flush()
     if not selected:
         err.print("no hosts selected: the inventory has none")

@@ -119,11 +119,11 @@ def test_every_format_parsed_back_and_host_names_escaped(tmp_path):
     assert not re.search(r"(?<!\\)\[a(?<!\\)\]\(b\)", md) and "\\[a\\](b)" in md  # no link
     assert "&lt;img src=x onerror=alert(1)>" in md
     for line in md.splitlines():
-        if line.startswith("| state |") or line.startswith("| NEW |"):
+        if line.startswith("| fails |") or line.startswith("| **fails** |"):
             assert len(md_cells(line)) == 7, line
         elif line.startswith("| host |") or line.startswith("| h"):
             assert len(md_cells(line)) == 9, line
-    assert "<details><summary>findings</summary>" in md and "</details>" in md
+    assert "### New tonight: 2 finding(s), 2 failing" in md
 
     # HTML: the name is escaped text (the browser check is in test_report_html.py).
     page = (out / "r.html").read_text()
@@ -361,8 +361,10 @@ def test_a_host_not_checked_keeps_its_findings_history(tmp_path):
         ("runner/a.txt", "persisting", n1)]
 
 
-def _doc_with(findings: int, hosts: int = 3) -> dict:
-    """A report document built through the library from synthetic findings (no hosts)."""
+def _doc_with(findings: int, hosts: int = 3, persisting_every: int = 0) -> dict:
+    """A report document built through the library from synthetic findings (no hosts). With
+    ``persisting_every`` N, every Nth finding was there the night before too (``persisting``);
+    the others are new."""
     from fleetctl import nightly
 
     report_ = nightly.NightlyReport(
@@ -378,7 +380,13 @@ def _doc_with(findings: int, hosts: int = 3) -> dict:
                                   f"skills/s{i}/bin/{'x' * 40}-{i}|{HOSTILE}",
                                   f"skills/s{i}/bin/tool-{i}: content (hand-patch)", "high")
                   for i in range(findings)])
-    nightly.judge(report_, None, None, nightly.parse_fail_on("all"))
+    previous = None
+    if persisting_every:
+        previous = {"generated": "2026-11-30T03:00:00Z", "findings": [
+            {"check": f.check, "host": f.host, "kind": f.kind, "subject": f.subject,
+             "state": "new", "since": "2026-11-30T03:00:00Z", "nights": 1}
+            for i, f in enumerate(report_.findings) if i % persisting_every == 0]}
+    nightly.judge(report_, previous, None, nightly.parse_fail_on("all"))
     return nightly.report_document(report_)
 
 
@@ -390,30 +398,56 @@ def test_markdown_snapshot():
     assert to_markdown(_doc_with(4, hosts=2)) == expected
 
 
-def test_markdown_stays_under_the_summary_limit():
-    """20 000 findings over 50 hosts: the summary is at most 1 MiB, says it was cut and how
-    many findings it shows, and shows exactly that many rows."""
-    from fleetctl.cli.output.nightly import MARKDOWN_LIMIT_BYTES, to_markdown
+def test_markdown_stays_well_under_the_summary_limit_new_findings_first():
+    """20 000 findings over 50 hosts, every third persisting from the night before: the summary
+    is at most half of GitHub's 1 MiB (the budget), keeps the whole hosts' table, shows new
+    findings before any persisting one and no persisting one while a new one is left out,
+    and its last line says how many were left out (counted here from the rows) and names the
+    files that hold every finding. GitHub's limit is 1 048 576 bytes per step
+    (actions/runner#1839)."""
+    from fleetctl.cli.output.nightly import MARKDOWN_BUDGET_BYTES, MARKDOWN_LIMIT_BYTES, \
+        to_markdown
 
-    md = to_markdown(_doc_with(20000, hosts=50))
+    total = 20000
+    persisting = len(range(0, total, 3))
+    md = to_markdown(_doc_with(total, hosts=50, persisting_every=3),
+                     elsewhere=("reports/report.json", "reports/report.html"))
     size = len(md.encode("utf-8"))
-    assert size <= MARKDOWN_LIMIT_BYTES == 1024 * 1024
-    m = re.search(r"\*\*Truncated\*\*: (\d+) of 20000 findings shown", md)
-    assert m, md[-500:]
-    rows = [line for line in md.splitlines() if line.startswith("| NEW |")]
-    assert len(rows) == int(m.group(1)) and 0 < len(rows) < 20000
+    assert MARKDOWN_LIMIT_BYTES == 1024 * 1024 and MARKDOWN_BUDGET_BYTES == 512 * 1024
+    assert MARKDOWN_BUDGET_BYTES - 8192 < size <= MARKDOWN_BUDGET_BYTES
+    lines = md.splitlines()
+    assert sum(1 for line in lines if re.match(r"\| host\d+ \|", line)) == 50
+    # Each finding row names its finding by subject: s{i}, and i % 3 == 0 was there before.
+    shown = [int(m.group(1)) for line in lines
+             if (m := re.match(r"\| \*\*fails\*\* \| host\d+ \| drift \| hand-patch \| "
+                               r"skills/s(\d+)/", line))]
+    kinds = ["persisting" if i % 3 == 0 else "new" for i in shown]
+    assert kinds and kinds[0] == "new"
+    assert kinds == sorted(kinds)  # every new row before every persisting one
+    new_shown, old_shown = kinds.count("new"), kinds.count("persisting")
+    assert new_shown < total - persisting and old_shown == 0  # new ones left out: no old
+    m = re.search(r"\*\*Truncated\*\* to stay within 512 KiB .*: (\d+) of 20000 findings left "
+                  r"out \((\d+) new, (\d+) persisting", md)
+    assert m, md[-600:]
+    assert [int(x) for x in m.groups()] == [total - len(shown),
+                                            total - persisting - new_shown, persisting]
+    assert "`reports/report.json`, `reports/report.html`" in lines[-1]
     assert md.count("<details>") == md.count("</details>")
-    small = to_markdown(_doc_with(10, hosts=2))
+    small = to_markdown(_doc_with(10, hosts=2, persisting_every=3))
     assert "Truncated" not in small
+    assert small.index("### New tonight: 6 finding(s)") < small.index("Persisting: 4 finding(s)")
 
 
-def test_markdown_of_a_very_large_fleet_stays_under_the_limit():
-    """3 000 hosts with a finding each: headlines for as many hosts as fit, under 1 MiB."""
-    from fleetctl.cli.output.nightly import MARKDOWN_LIMIT_BYTES, to_markdown
+def test_markdown_of_a_very_large_fleet_stays_under_the_budget():
+    """3 000 hosts with a finding each: under the budget, the hosts needing attention first
+    in the table, and the note counts the host rows left out."""
+    from fleetctl.cli.output.nightly import MARKDOWN_BUDGET_BYTES, to_markdown
 
     md = to_markdown(_doc_with(3000, hosts=3000))
-    assert len(md.encode("utf-8")) <= MARKDOWN_LIMIT_BYTES
-    assert "**Truncated**" in md
+    assert len(md.encode("utf-8")) <= MARKDOWN_BUDGET_BYTES
+    rows = sum(1 for line in md.splitlines() if re.match(r"\| host\d+ \|", line))
+    m = re.search(r"(\d+) host row\(s\)", md)
+    assert m and rows + int(m.group(1)) == 3000 and rows > 100
 
 
 def test_undecodable_and_control_characters_in_names(tmp_path):

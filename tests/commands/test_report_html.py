@@ -172,3 +172,129 @@ def test_a_script_that_slipped_into_the_page_would_not_run(tmp_path):
     clean.write_text(page)
     _, console = chromium(tmp_path, clean.as_uri(), "--dump-dom")
     assert console == []
+
+
+class Tree(HTMLParser):
+    """A dumped DOM read in document order: ``ids`` in the order they start, the text inside
+    each id'ed element (nested text included), and every element as ``(tag, attributes,
+    ids of the id'ed elements it is inside)``."""
+
+    VOID = {"meta", "link", "input", "br", "img", "hr", "source", "col", "wbr"}
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.text: dict[str, str] = {}
+        self.elements: list[tuple[str, dict, tuple[str, ...]]] = []
+        self._stack: list[tuple[str, str | None]] = []
+        self.feed(text)
+
+    def _inside(self) -> tuple[str, ...]:
+        return tuple(i for _, i in self._stack if i)
+
+    def handle_starttag(self, tag, attrs):
+        self.handle_startendtag(tag, attrs)
+        if tag not in self.VOID:
+            self._stack.append((tag, dict(attrs).get("id")))
+
+    def handle_startendtag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a, self._inside()))
+        if a.get("id"):
+            self.ids.append(a["id"])
+            self.text[a["id"]] = ""
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._stack) - 1, -1, -1):
+            if self._stack[i][0] == tag:
+                del self._stack[i:]
+                break
+
+    def handle_data(self, data):
+        for i in self._inside():
+            self.text[i] += data
+
+    def within(self, ident: str, tag: str | None = None) -> list[dict]:
+        return [a for t, a, inside in self.elements if ident in inside
+                and (tag is None or t == tag)]
+
+
+def test_html_leads_with_tonight_and_labels_every_chart(tmp_path):
+    """Two nights on two hosts, each with agent w1. Night 2: h1's a.txt still patched
+    (persisting), h2's b.txt newly patched (new); h1/w1's runner gave up on task t7 and an
+    escalation waits; h2/w1's ledger cannot be read. The rendered page leads with Tonight (the
+    new finding, h1/w1, what could not be read), then what persists, then the fleet and the
+    charts; each chart is an image named by its title and description, has a label on each
+    axis, a legend entry per series and its numbers in a table; the unread ledger is named,
+    not drawn as "no turns"."""
+    import json
+
+    from tests.commands.test_report import key
+
+    inv, bp = make_fleet(tmp_path, agents={"w1": {"role": "worker"}},
+                         roles={"worker": {"prompt": "work"}})
+    hist = tmp_path / "history"
+    (live(tmp_path, "h1") / "runner" / "a.txt").write_text("patched\n")
+    first = cli("report", "--history", str(hist), "--now", "2026-11-30T02:00:00Z",
+                "--format", "json", inventory=inv, blueprint=bp)
+    assert first.code == 1, first.stdout + first.stderr
+    (live(tmp_path, "h2") / "runner" / "b.txt").write_text("patched\n")
+    state = tmp_path / "boxes" / "h1" / "state" / "w1"
+    (state / "runs" / "t7").mkdir(parents=True)
+    (state / "runs" / "t7" / "result.json").write_text(json.dumps(
+        {"outcome": "gave-up", "attempts": 2, "reason": "the check failed twice"}))
+    (state / "notify").mkdir()
+    (state / "notify" / "0001-t7.json").write_text(json.dumps(
+        {"task": "t7", "kind": "gave-up", "time": "2026-12-01T01:00:00Z",
+         "reason": "Task t7 gave up after 2 failed verification(s)"}))
+    (state / "ledger.jsonl").write_text("".join(json.dumps(
+        {"schema_version": 1, "time": f"2026-12-01T01:0{i}:00.000Z", "agent": "w1",
+         "prefix_tokens": {"role_prompt": 40 + i, "cli_index": 10}}) + "\n" for i in range(3)))
+    unread = tmp_path / "boxes" / "h2" / "state" / "w1" / "ledger.jsonl"
+    unread.mkdir(parents=True)  # a directory where the ledger should be: not readable as one
+    page = tmp_path / "report.html"
+    run = cli("report", "--history", str(hist), "--now", "2026-12-01T02:00:00Z", "--html",
+              str(page), "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 1, run.stdout + run.stderr
+    new_id = key("drift", "h2", "hand-patch", "runner/b.txt")
+    # Persisting: a.txt, and each agent's no-own-user (local demo agents have no user).
+    old_ids = {key("drift", "h1", "hand-patch", "runner/a.txt"),
+               key("creds", "h1", "no-own-user", "w1"), key("creds", "h2", "no-own-user", "w1")}
+
+    dom_text, console = chromium(tmp_path, page.as_uri(), "--dump-dom")
+    assert console == []
+    dom = Tree(dom_text)
+    order = [i for i in dom.ids if i in ("tonight", "persisting", "overview", "charts",
+                                          "findings")]
+    assert order == ["tonight", "persisting", "overview", "charts", "findings"]
+    h2s = [a for t, a, _ in dom.elements if t == "h2"]
+    assert h2s and dom.text["tonight"].startswith("Tonight")
+    assert [a["data-new"] for a in dom.within("tonight", "tr") if "data-new" in a] == [new_id]
+    persisting = [a["data-persisting"] for a in dom.within("persisting", "tr")
+                  if "data-persisting" in a]
+    assert len(persisting) == 3 and set(persisting) == old_ids
+    assert [a["data-agent"] for a in dom.within("people", "li")] == ["h1/w1"]
+    people = dom.text["people"]
+    assert "t7 gave-up" in people and "1 escalation(s) waiting" in people
+    assert "h2/w1: ledger not read (unreadable)" in dom.text["not-checked"]
+
+    for chart, x_label, y_label, series in (
+            ("chart-findings-svg", "night (UTC date)", "findings", ["all findings", "failing"]),
+            ("chart-prefix-svg", "time of the turn (UTC)", "prefix tokens per turn",
+             ["h1/w1 (median 51 tokens/turn)"])):
+        svg = next(a for t, a, _ in dom.elements if t == "svg" and a.get("id") == chart)
+        assert svg.get("role") == "img"
+        named = svg["aria-labelledby"].split()
+        assert named == [f"{chart}-title", f"{chart}-desc"]
+        assert all(dom.text[n].strip() for n in named)
+        labels = {a.get("data-axis"): a for a in dom.within(chart, "text")
+                  if a.get("class") == "axis-label"}
+        assert set(labels) == {"x", "y"}
+        assert f">{x_label}<" in dom_text and f">{y_label}<" in dom_text
+        assert [a["data-series"] for a in dom.within(chart, "g")
+                if a.get("class") == "legend"] == series
+    assert "2 night(s), 2026-11-30 to 2026-12-01" in dom.text["chart-findings-svg-desc"]
+    assert "Not read: h2/w1 (unreadable" in dom.text["chart-prefix-svg-desc"]
+    assert "No ledger turns" not in dom.text["chart-prefix-svg-desc"]
+    assert len([a for a in dom.within("chart-findings-data", "tr")]) == 1 + 2  # head, nights
+    assert len([a for a in dom.within("chart-prefix-data", "tr")]) == 1 + 2  # head, agents

@@ -141,7 +141,7 @@ def test_property_no_format_calls_a_check_that_did_not_run_passing(plan):
                 reason = checks[(h, c)]["error"]
                 assert checks[(h, c)]["status"] == "error" and reason, (h, c)
                 assert f"{c}: ERROR" in host_lines[h] and f"  {c} error: {reason}" in text
-                assert rows[h][col] == "ERROR" and f"**{c} could not run**" in md
+                assert rows[h][col] == "ERROR" and f"**{h}: {c} could not run**" in md
                 assert not case.is_passed and any(isinstance(r, (Error, Skipped))
                                                   for r in case.result), (h, c)
                 assert "error" in cell_class.split() and cell_text != "ok"

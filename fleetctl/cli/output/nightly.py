@@ -22,9 +22,17 @@ from fleetctl.names import printable
 from fleetctl.nightly import unchecked_grant_text
 
 MARKDOWN_LIMIT_BYTES = 1024 * 1024
-"""GitHub's limit for one step's job summary (1 MiB); the Markdown stays under it."""
+"""GitHub's limit for one step's job summary: 1 MiB (1 048 576 bytes). The runner refuses a
+larger ``$GITHUB_STEP_SUMMARY`` whole ("upload aborted, supports content up to a size of
+1024k"), so the run's page shows nothing; the figure is ``AttachmentSizeLimit = 1024 * 1024`` in
+actions/runner (pull request #1839, which raised it from 128 KiB) and "each step is restricted
+to a maximum size of 1MiB" in GitHub's docs (workflow commands, "Step isolation and limits")."""
+MARKDOWN_BUDGET_BYTES = MARKDOWN_LIMIT_BYTES // 2
+"""What the summary may take by default: half the limit, so the workflow's own lines in the
+same step, and GitHub's own accounting of the text, never bring it near 1 MiB."""
 _MD_RESERVE_BYTES = 4096
-"""Room kept for the truncation note and the closing lines."""
+"""Room kept inside the budget for the truncation note, the allowlist line and the closing
+lines."""
 
 _STATE_MARK = {"new": "NEW", "persisting": "persisting", "resolved": "resolved",
                "unchecked": "not checked"}
@@ -156,106 +164,150 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
 
 # -- markdown -----------------------------------------------------------------------------------
 
+_MD_FINDINGS_HEAD = ["| fails | host | check | kind | path or rule | finding | history |",
+                     "| --- | --- | --- | --- | --- | --- | --- |"]
+
+
 def _md_findings_row(f: dict[str, Any]) -> str:
     fails = "**fails**" if f["fails"] else ("accepted" if f.get("accepted") else "")
     note = _accept_note(f)
-    return (f"| {_STATE_MARK[f['state']]} | {fails} | {f['check']} | {md_text(f['kind'])} | "
+    return (f"| {fails} | {md_text(f['host'])} | {f['check']} | {md_text(f['kind'])} | "
             f"{md_text(f['subject'])} | {md_text(f['message'])}"
             f"{' — ' + md_text(note) if note else ''} | {md_text(_since(f))} |")
 
 
-def to_markdown(doc: dict[str, Any], limit_bytes: int = MARKDOWN_LIMIT_BYTES) -> str:
-    """A CI job summary: the headline, a table of hosts × checks, then per host a headline and
-    its findings in a collapsed ``<details>`` block.
+def _size(lines: list[str]) -> int:
+    """UTF-8 bytes of ``lines`` joined by newlines, each with its newline."""
+    return sum(len(line.encode("utf-8")) + 1 for line in lines)
 
-    The result is at most ``limit_bytes`` UTF-8 bytes (default 1 MiB, GitHub's summary limit):
-    when the findings do not fit, the rows that fit are kept and a note says how many were left
-    out and where the whole report is (the JSON, JUnit and HTML files).
+
+def _fit(items: list[Any], budget: int, line: Any = str) -> tuple[list[str], int]:
+    """``line(item)`` for the first of ``items`` that fit in ``budget`` bytes, and how many
+    items did not (lines are made only for what is kept)."""
+    used, out = 0, list[str]()
+    for i, item in enumerate(items):
+        text = line(item)
+        used += len(text.encode("utf-8")) + 1
+        if used > budget:
+            return out, len(items) - i
+        out.append(text)
+    return out, 0
+
+
+def _attention_first(doc: dict[str, Any]) -> list[str]:
+    """Host names, those with a check that did not run whole or a failing or new finding
+    first, each group in report order."""
+    names = _host_names(doc)
+    bad = {c["host"] for c in doc["checks"] if c["status"] == "error" or c.get("not_checked")}
+    bad |= {f["host"] for f in doc["findings"] if f["fails"] or f["state"] == "new"}
+    return [n for n in names if n in bad] + [n for n in names if n not in bad]
+
+
+def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
+                elsewhere: tuple[str, ...] = ()) -> str:
+    """A CI job summary that leads with what changed tonight: the headline; a table of hosts ×
+    checks (hosts needing attention first); what could not be checked; the findings new
+    tonight (failing first); then, collapsed, the persisting ones and those resolved or not
+    checked tonight.
+
+    The result is at most ``budget_bytes`` UTF-8 bytes (default :data:`MARKDOWN_BUDGET_BYTES`,
+    half of GitHub's 1 MiB, :data:`MARKDOWN_LIMIT_BYTES`). When it does not fit, each part
+    keeps what fits in order of importance (what could not be checked, then new findings,
+    then the hosts' table, then persisting, then resolved), and a closing line says how many
+    findings and hosts were left out and where every finding is: the files in ``elsewhere``
+    (the report's other outputs of this run), or ``fleetctl report --format json``.
     """
     checks = _checks_by_host(doc)
-    out = [f"## {md_text(headline(doc))}", ""]
+    head = [f"## {md_text(headline(doc))}", ""]
     if doc.get("source"):
         src = doc["source"]
-        out += [f"Blueprint commit `{(src.get('commit') or 'none')[:12]}`"
-                + ("" if src.get("clean") else " (**not clean**)")
-                + (f", compared with the night of {doc['previous']}" if doc.get("previous")
-                   else ", no earlier night to compare with")
-                + f"; fails on: {md_text(', '.join(doc['fail_on']))}.", ""]
-    out += ["| host | drift | creds | tokens | release | commit | findings | failing | new |",
-            "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
-    for name in _host_names(doc):
-        host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name), {})
-        mine = [f for f in doc["findings"] if f["host"] == name
-                and f["state"] not in ("resolved", "unchecked")]
+        head += [f"Blueprint commit `{(src.get('commit') or 'none')[:12]}`"
+                 + ("" if src.get("clean") else " (**not clean**)")
+                 + (f", compared with the night of {doc['previous']}" if doc.get("previous")
+                    else ", no earlier night to compare with")
+                 + f"; fails on: {md_text(', '.join(doc['fail_on']))}.", ""]
+    records = {h["host"]: h for h in doc["hosts"]}
+    tonight: dict[str, list[dict[str, Any]]] = {}
+    for f in doc["findings"]:
+        if f["state"] not in ("resolved", "unchecked"):
+            tonight.setdefault(f["host"], []).append(f)
+
+    def host_row(name: str) -> str:
+        host = records.get(name, {})
+        mine = tonight.get(name, [])
         cells = [md_text(check_cell(checks.get(name, {}).get(c))) for c in ("drift", "creds",
                                                                            "tokens")]
-        out.append(f"| {md_text(name)} | {' | '.join(cells)} | "
-                   f"{md_text(host.get('release') or '-')} | {md_text(_commit_text(host))} | "
-                   f"{len(mine)} | {sum(1 for f in mine if f['fails'])} | "
-                   f"{sum(1 for f in mine if f['state'] == 'new')} |")
-    budget = limit_bytes - _MD_RESERVE_BYTES
-    total = len(doc["findings"])
-    unchecked = {name: not_checked(doc, name) for name in _host_names(doc)}
-    blocks = []
-    for name in _host_names(doc):
-        mine = [f for f in doc["findings"] if f["host"] == name]
-        errors = [c for c in checks.get(name, {}).values() if c["status"] == "error"]
-        if not mine and not errors and not unchecked.get(name):
-            continue
-        failing = sum(1 for f in mine if f["fails"])
-        new = sum(1 for f in mine if f["state"] == "new")
-        gone = sum(1 for f in mine if f["state"] == "resolved")
-        head = ["", f"### {'❌' if failing or errors else '✅'} {md_text(name)}: "
-                f"{len(mine) - gone} finding(s), {new} new, {gone} resolved, {failing} failing",
-                ""]
-        head += [f"- **{c['check']} could not run**: {md_text(c['error'] or '')}"
-                 + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "") for c in errors]
-        head += [f"- {check} unchecked: {md_text(text)}" for check, text in unchecked[name]]
-        blocks.append((head, mine))
-    # Every host's headline is kept; the rows share what is left, host by host, a host's
-    # unused share going to the next.
-    size = len("\n".join(out).encode("utf-8")) + sum(
-        len("\n".join(head).encode("utf-8")) + 1 for head, _ in blocks)
-    opening = ["<details><summary>findings</summary>", "",
-               "| state | fails | check | kind | path or rule | finding | history |",
-               "| --- | --- | --- | --- | --- | --- | --- |"]
-    frame = len("\n".join(opening + ["", "</details>"]).encode("utf-8")) + 2
-    dropped = 0
-    while blocks and size > budget:  # a fleet so large its headlines alone do not fit
-        head, mine = blocks.pop()
-        size -= len("\n".join(head).encode("utf-8")) + 1
-        dropped += 1
-    while len("\n".join(out).encode("utf-8")) > budget and len(out) > 4:
-        out.pop()  # ... nor its overview table
-        dropped += 1
-    left = budget - size
-    shown = 0
-    cut = False
-    with_rows = sum(1 for _, mine in blocks if mine)
-    for head, mine in blocks:
-        out += head
-        if not mine:
-            continue
-        share = left // max(1, with_rows)
-        with_rows -= 1
-        used = frame
-        rows = []
-        for f in mine:
-            row = _md_findings_row(f)
-            n = len(row.encode("utf-8")) + 1
-            if used + n > share:
-                cut = True
-                break
-            rows.append(row)
-            used += n
-        if rows:  # else the headline's counts stand alone
-            out += opening + rows + ["", "</details>"]
-            left -= used
-        shown += len(rows)
-    if cut or dropped:
-        out += ["", f"**Truncated**: {shown} of {total} findings shown, to stay under the "
-                f"{limit_bytes / 1024 / 1024:g} MiB job-summary limit. Every finding is in the "
-                "JSON, JUnit and HTML reports."]
+        return (f"| {md_text(name)} | {' | '.join(cells)} | "
+                f"{md_text(host.get('release') or '-')} | {md_text(_commit_text(host))} | "
+                f"{len(mine)} | {sum(1 for f in mine if f['fails'])} | "
+                f"{sum(1 for f in mine if f['state'] == 'new')} |")
+    trouble = [f"- **{md_text(c['host'])}: {c['check']} could not run**: "
+               f"{md_text(c['error'] or '')}"
+               + (f" (hint: {md_text(c['hint'])})" if c.get("hint") else "")
+               for c in doc["checks"] if c["status"] == "error"]
+    trouble += [f"- {md_text(name)}: {check} unchecked: {md_text(text)}"
+                for name in {c["host"]: 1 for c in doc["checks"] if c.get("not_checked")}
+                for check, text in not_checked(doc, name)]
+
+    def rows(state: tuple[str, ...]) -> list[dict[str, Any]]:
+        found = [f for f in doc["findings"] if f["state"] in state]
+        return sorted(found, key=lambda f: (not f["fails"], {"high": 0, "medium": 1}.get(
+            f["severity"], 2)))  # stable: report order within each rank
+
+    new, persisting, gone = rows(("new",)), rows(("persisting",)), rows(("resolved",
+                                                                         "unchecked"))
+    left = budget_bytes - _MD_RESERVE_BYTES - _size(head)
+    out = list(head)
+    # What could not be checked and the hosts' table take at most a quarter each; the new
+    # findings what is left, and the persisting and resolved ones whatever remains after them.
+    table_head = ["| host | drift | creds | tokens | release | commit | findings | failing | new |",
+                  "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
+    quarter = max(0, left // 4)
+    shown_trouble, lost_trouble = _fit(trouble, quarter)
+    host_lines, lost_hosts = _fit(_attention_first(doc), max(0, quarter - _size(table_head)),
+                                  host_row)
+    left -= _size(shown_trouble + table_head + host_lines)
+    # Each kind of finding gets room only when every one before it fit: never an old row
+    # where a new one was left out.
+    new_lines, lost_new = _fit(new, max(0, left - 1024), _md_findings_row)
+    left -= _size(new_lines)
+    old_lines, lost_old = _fit(persisting, max(0, left - 512) if not lost_new else 0,
+                               _md_findings_row)
+    left -= _size(old_lines)
+    gone_lines, lost_gone = _fit(gone, max(0, left - 512) if not lost_new + lost_old else 0,
+                                 _md_findings_row)
+    out += table_head + host_lines
+    if lost_hosts:
+        out.append(f"| … {lost_hosts} more host(s) | | | | | | | | |")
+    if shown_trouble or lost_trouble:
+        out += ["", "### Not checked", ""] + shown_trouble
+        if lost_trouble:
+            out.append(f"- … and {lost_trouble} more: see the full report")
+    if new:
+        out += ["", f"### New tonight: {len(new)} finding(s), "
+                f"{sum(1 for f in new if f['fails'])} failing", ""]
+        if new_lines:
+            out += _MD_FINDINGS_HEAD + new_lines
+    for title, found, lines in ((f"Persisting: {len(persisting)} finding(s), "
+                                 f"{sum(1 for f in persisting if f['fails'])} failing",
+                                 persisting, old_lines),
+                                (f"Resolved or not checked tonight: {len(gone)} finding(s)",
+                                 gone, gone_lines)):
+        if found:
+            out += ["", f"<details><summary>{md_text(title)}</summary>", ""]
+            if lines:
+                out += _MD_FINDINGS_HEAD + lines
+            out += ["", "</details>"]
+    lost = lost_new + lost_old + lost_gone
+    if lost or lost_hosts or lost_trouble:
+        where = (", ".join(f"`{md_text(p)}`" for p in elsewhere) if elsewhere else
+                 "the JSON document (`fleetctl report --format json`)")
+        out += ["", f"**Truncated** to stay within {budget_bytes // 1024} KiB (GitHub takes "
+                f"at most {MARKDOWN_LIMIT_BYTES // 1024 // 1024} MiB per step): {lost} of "
+                f"{len(doc['findings'])} findings left out ({lost_new} new, {lost_old} "
+                f"persisting, {lost_gone} resolved or not checked), {lost_hosts} host row(s) "
+                f"and {lost_trouble} line(s) of what could not be checked. Every finding is in "
+                f"{where}."]
     allow = doc.get("allowlist")
     if allow and allow.get("expired"):
         out += ["", f"Allowlist: {len(allow['expired'])} expired entr(y/ies): their findings "
@@ -345,6 +397,8 @@ td.path{font-family:ui-monospace,monospace;word-break:break-all;max-width:40em}
 .skipped{color:#888}.partial{background:#fff4d6;font-style:italic}.fails{font-weight:bold;color:#b00020}
 tr[hidden]{display:none}#filters label{margin-right:1em}
 figure{margin:.5em 0}svg text{font:11px system-ui,sans-serif}
+svg text.axis-label{font-weight:bold}.chart-data{margin:.25em 0 1em}
+#tonight{border-left:4px solid #b00020;padding-left:.75em}
 """
 
 _JS = """
@@ -403,21 +457,69 @@ def _epoch(stamp: str) -> float | None:
         return None
 
 
+def _chart_data(caption: str, head: list[str], rows: list[list[Any]], ident: str) -> str:
+    """A chart's numbers as a table: the text alternative a reader or a screen reader uses."""
+    return (f'<details class="chart-data" id="{ident}"><summary>{_e(caption)}</summary><table>'
+            "<thead><tr>" + "".join(f'<th scope="col">{_e(h)}</th>' for h in head)
+            + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+            + "</tbody></table></details>")
+
+
+def _svg_open(ident: str, width: int, height: int, title: str, desc: str) -> list[str]:
+    """An accessible ``<svg>``: ``role="img"`` named by its ``<title>`` and ``<desc>``."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" id="{ident}" role="img" '
+            f'aria-labelledby="{ident}-title {ident}-desc" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}">',
+            f'<title id="{ident}-title">{_e(title)}</title>',
+            f'<desc id="{ident}-desc">{_e(desc)}</desc>']
+
+
+def _axes(width: int, height: int, pad_l: int, pad_b: int, pad_t: int, top: Any,
+          x_label: str, y_label: str) -> list[str]:
+    """Both axes, the y axis' 0 and top ticks, and a label on each axis."""
+    base = height - pad_b
+    return [f'<line class="axis" x1="{pad_l}" y1="{base}" x2="{width - 5}" y2="{base}" '
+            'stroke="#888"/>',
+            f'<line class="axis" x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{base}" '
+            'stroke="#888"/>',
+            f'<text x="{pad_l - 5}" y="{pad_t + 10}" text-anchor="end">{_e(top)}</text>',
+            f'<text x="{pad_l - 5}" y="{base}" text-anchor="end">0</text>',
+            f'<text class="axis-label" data-axis="x" x="{(pad_l + width) // 2}" '
+            f'y="{base + 28}" text-anchor="middle">{_e(x_label)}</text>',
+            f'<text class="axis-label" data-axis="y" x="12" y="{(pad_t + base) // 2}" '
+            f'text-anchor="middle" transform="rotate(-90 12 {(pad_t + base) // 2})">'
+            f"{_e(y_label)}</text>"]
+
+
+def _legend(x: int, y: int, entries: list[tuple[str, str]]) -> str:
+    """A legend: a swatch and a name per series, one row each from ``(x, y)``."""
+    return "".join(f'<g class="legend" data-series="{_e(name)}">'
+                   f'<rect x="{x}" y="{y + 16 * i - 9}" width="10" height="10" fill="{colour}"/>'
+                   f'<text x="{x + 14}" y="{y + 16 * i}" fill="{colour}">{_e(name)}</text></g>'
+                   for i, (name, colour) in enumerate(entries))
+
+
 def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
-                           height: int = 200) -> str:
-    """A bar per night (all findings), its failing part darker; one ``<rect>`` per bar."""
-    pad_l, pad_b, pad_t = 40, 30, 10
+                           height: int = 230) -> str:
+    """A bar per night (all findings), its failing part red; one ``<rect>`` per bar; labelled
+    axes (night, findings), a legend, and a ``<desc>`` that says the numbers in words."""
+    pad_l, pad_b, pad_t = 50, 60, 10
     n = max(1, len(nights))
     top = max([x["findings"] for x in nights] + [1])
     bar_w = min(48.0, (width - pad_l - 10) / n)
     scale = (height - pad_b - pad_t) / top
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="chart-findings-svg" role="img" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
-             "<title>findings per night</title>",
-             f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - 5}" y2="{height - pad_b}" '
-             'stroke="#888"/>',
-             f'<text x="{pad_l - 5}" y="{pad_t + 10}" text-anchor="end">{top}</text>',
-             f'<text x="{pad_l - 5}" y="{height - pad_b}" text-anchor="end">0</text>']
+    if nights:
+        last = nights[-1]
+        most = max(nights, key=lambda x: x["findings"])
+        desc = (f"{len(nights)} night(s), {(nights[0]['generated'] or '')[:10]} to "
+                f"{(last['generated'] or '')[:10]}. Tonight: {last['findings']} finding(s), "
+                f"{last['failing']} failing, {last['new']} new. Most: {most['findings']} on "
+                f"{(most['generated'] or '')[:10]}.")
+    else:
+        desc = "No night kept yet."
+    parts = _svg_open("chart-findings-svg", width, height, "Findings per night", desc)
+    parts += _axes(width, height, pad_l, pad_b, pad_t, top, "night (UTC date)", "findings")
     for i, night in enumerate(nights):
         x = pad_l + i * bar_w + 2
         h_all = night["findings"] * scale
@@ -426,39 +528,60 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
                    f"{night['failing']} failing, {night['new']} new")
         parts.append(f'<g class="night"><title>{label}</title>'
                      f'<rect class="bar-all" x="{x:.1f}" y="{height - pad_b - h_all:.1f}" '
-                     f'width="{max(1.0, bar_w - 4):.1f}" height="{h_all:.1f}" fill="#9ecae1"/>'
+                     f'width="{max(1.0, bar_w - 4):.1f}" height="{h_all:.1f}" fill="#6baed6"/>'
                      f'<rect class="bar-failing" x="{x:.1f}" y="{height - pad_b - h_fail:.1f}" '
                      f'width="{max(1.0, bar_w - 4):.1f}" height="{h_fail:.1f}" fill="#d62728"/>'
                      "</g>")
         if n <= 14 or i in (0, n - 1):
             parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - pad_b + 14}" '
                          f'text-anchor="middle">{_e((night["generated"] or "")[5:10])}</text>')
+    parts.append(_legend(width - 110, pad_t + 10, [("all findings", "#6baed6"),
+                                                   ("failing", "#d62728")]))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def svg_prefix_tokens(agents: list[dict[str, Any]], width: int = 640, height: int = 220) -> str:
-    """One polyline per agent: prefix tokens per turn against time, from its ledger."""
+def svg_prefix_tokens(agents: list[dict[str, Any]], read: bool = True, width: int = 640,
+                      height: int = 240) -> str:
+    """One polyline per agent: prefix tokens per turn against time, from its ledger; labelled
+    axes (time, tokens), a legend entry per agent, and a ``<desc>`` that names the agents whose
+    ledger could not be read (never "no turns" for a ledger not read)."""
     series = [(a, [(t, v) for t, v in ((_epoch(p[0]), p[1]) for p in a["points"])
                    if t is not None]) for a in agents]
     series = [(a, pts) for a, pts in series if pts]
-    pad_l, pad_b, pad_t = 50, 30, 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="chart-prefix-svg" role="img" '
-             f'width="{width}" height="{height + 16 * len(series)}" '
-             f'viewBox="0 0 {width} {height + 16 * len(series)}">',
-             "<title>prefix tokens per turn, per agent</title>"]
+    unread = [a for a in agents if a["status"] not in ("ok", "missing")]
+    pad_l, pad_b, pad_t = 60, 50, 10
+    total_h = height + 16 * len(series)
+    if not read:
+        desc = "The runners' ledgers were not read (--no-ledgers): not known."
+    elif series:
+        desc = "; ".join(f"{a['host']}/{a['agent']}: {a['turns']} turn(s), median "
+                         f"{a['median_prefix_tokens']}, last {a['last_prefix_tokens']} "
+                         "prefix tokens per turn" for a, _ in series) + "."
+    else:
+        desc = "No ledger turns yet." if not unread else "No ledger turns read."
+    if unread:
+        desc += " Not read: " + "; ".join(f"{a['host']}/{a['agent']} ({a['status']}: "
+                                          f"{a.get('error') or 'not read'})"
+                                          for a in unread) + "."
+    parts = _svg_open("chart-prefix-svg", width, total_h, "Prefix tokens per turn, per agent",
+                      desc)
     if not series:
-        parts.append(f'<text x="{pad_l}" y="{height // 2}">no ledger turns yet</text></svg>')
+        parts.append(f'<text class="chart-empty" x="{pad_l}" y="{height // 2}">'
+                     f"{_e(desc)}</text></svg>")
         return "".join(parts)
     t0 = min(p[0] for _, pts in series for p in pts)
     t1 = max(p[0] for _, pts in series for p in pts)
     top = max(p[1] for _, pts in series for p in pts) or 1
     span = (t1 - t0) or 1.0
     plot_w, plot_h = width - pad_l - 10, height - pad_b - pad_t
-    parts += [f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - 5}" y2="{height - pad_b}" '
-              'stroke="#888"/>',
-              f'<text x="{pad_l - 5}" y="{pad_t + 10}" text-anchor="end">{top}</text>',
-              f'<text x="{pad_l - 5}" y="{height - pad_b}" text-anchor="end">0</text>']
+    parts += _axes(width, height, pad_l, pad_b, pad_t, top, "time of the turn (UTC)",
+                   "prefix tokens per turn")
+    for x, t in ((pad_l, t0), (width - 10, t1)):
+        stamp = dt.datetime.fromtimestamp(t, dt.UTC).strftime("%m-%d %H:%M")
+        parts.append(f'<text x="{x}" y="{height - pad_b + 14}" text-anchor="middle">'
+                     f"{stamp}</text>")
+    entries = []
     for i, (a, pts) in enumerate(series):
         color = _PALETTE[i % len(_PALETTE)]
         coords = " ".join(f"{pad_l + (t - t0) / span * plot_w:.1f},"
@@ -468,16 +591,94 @@ def svg_prefix_tokens(agents: list[dict[str, Any]], width: int = 640, height: in
                      f'{_e(a["median_prefix_tokens"])}</title>'
                      f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
                      f'points="{coords}"/></g>')
-        parts.append(f'<text x="{pad_l}" y="{height + 12 + 16 * i}" fill="{color}">{name} '
-                     f'(median {_e(a["median_prefix_tokens"])} tokens/turn)</text>')
+        entries.append((f"{a['host']}/{a['agent']} (median {a['median_prefix_tokens']} "
+                        "tokens/turn)", color))
+    parts.append(_legend(pad_l, height + 12, entries))
     parts.append("</svg>")
     return "".join(parts)
 
 
+def _finding_cells(f: dict[str, Any], history: bool = True) -> str:
+    """A finding's cells for the page's tables (the first links to its row in the table of
+    every finding)."""
+    fails = "fails" if f["fails"] else ("accepted" if f.get("accepted") else "")
+    return (f'<td><a href="#f-{f["id"]}">{_e(fails or "see")}</a></td><td>{_e(f["host"])}</td>'
+            f"<td>{_e(f['check'])}</td><td>{_e(f['kind'])}</td>"
+            f'<td class="path">{_e(f["subject"])}</td><td>{_e(f["message"])}'
+            + (f" — {_e(_accept_note(f))}" if _accept_note(f) else "") + "</td>"
+            + (f"<td>{_e(_since(f))}</td>" if history else ""))
+
+
+def _attention_text(a: dict[str, Any]) -> str:
+    """One agent that needs a person, for people."""
+    what = []
+    if a.get("last_task") and a.get("outcome") in ("gave-up", "denied", "refused"):
+        what.append(f"last task {a['last_task']} {a['outcome']}"
+                    + (f": {a['reason']}" if a.get("reason") else ""))
+    if a.get("escalations_waiting"):
+        what.append(f"{a['escalations_waiting']} escalation(s) waiting for a person"
+                    + "".join(f"; {e.get('kind')} on task {e.get('task')}: {e.get('reason')}"
+                              for e in a.get("escalations") or []))
+    if a.get("standing_denials"):
+        what.append(f"{a['standing_denials']} standing denial(s): no new task starts")
+    return f"{a['host']}/{a['agent']} ({a['role']}): " + "; ".join(what)
+
+
+def _tonight(doc: dict[str, Any]) -> list[str]:
+    """The page's first section: new findings, agents that gave up or wait on a person, and
+    what could not be checked."""
+    new = sorted((f for f in doc["findings"] if f["state"] == "new"),
+                 key=lambda f: (not f["fails"], {"high": 0, "medium": 1}.get(f["severity"], 2)))
+    p = ['<section id="tonight"><h2>Tonight</h2>',
+         f'<h3 id="tonight-new">New findings: {len(new)}, '
+         f'{sum(1 for f in new if f["fails"])} failing</h3>']
+    if new:
+        p.append('<table id="new-table"><thead><tr><th>fails</th><th>host</th><th>check</th>'
+                 "<th>kind</th><th>path or rule</th><th>finding</th></tr></thead><tbody>"
+                 + "".join(f'<tr data-new="{f["id"]}">{_finding_cells(f, history=False)}</tr>'
+                           for f in new) + "</tbody></table>")
+    else:
+        p.append('<p id="no-new">No finding is new tonight.</p>')
+    runners = doc.get("runners") or {"read": False, "attention": [], "errors": []}
+    waiting = runners.get("attention") or []
+    p.append(f'<h3 id="tonight-people">Agents that gave up or wait on a person: '
+             f"{len(waiting) if runners.get('read') else 'not known'}</h3>")
+    if not runners.get("read"):
+        p.append('<p id="people-not-read">The runners\' records were not read '
+                 "(<code>--no-ledgers</code>): whether an agent gave up or waits on a person "
+                 "is not known.</p>")
+    elif waiting:
+        p.append('<ul id="people">' + "".join(
+            f'<li data-agent="{_e(a["host"] + "/" + a["agent"])}">{_e(_attention_text(a))}</li>'
+            for a in waiting) + "</ul>")
+    else:
+        p.append(f'<p id="no-people">None of the {runners.get("agents", 0)} agent(s) read '
+                 "gave up or waits on a person.</p>")
+    trouble = [f"{c['host']}: {c['check']} could not run: {c['error'] or ''}"
+               + (f" (hint: {c['hint']})" if c.get("hint") else "")
+               for c in doc["checks"] if c["status"] == "error"]
+    trouble += [f"{name}: {check} not checked: {text}" for name in _host_names(doc)
+                for check, text in not_checked(doc, name)]
+    trouble += [f"{e['host']}{'/' + e['agent'] if e.get('agent') else ''}: runner records "
+                f"not read: {e['error']}" for e in runners.get("errors") or []]
+    trouble += [f"{a['host']}/{a['agent']}: ledger not read ({a['status']}): "
+                f"{a.get('error') or ''}" for a in doc.get("agents") or []
+                if a["status"] not in ("ok", "missing")]
+    if trouble:
+        p.append(f'<h3 id="tonight-unchecked">Not checked: {len(trouble)}</h3>'
+                 '<ul id="not-checked">' + "".join(f"<li>{_e(t)}</li>" for t in trouble)
+                 + "</ul>")
+    p.append("</section>")
+    return p
+
+
 def to_html(doc: dict[str, Any]) -> str:
-    """One self-contained page: the fleet overview (hosts × checks), the charts (findings per
-    night; each agent's prefix tokens per turn) as inline SVG, and the findings with filters
-    (check, kind, state, host, text, failing only; also from the URL's ``#kind=...&state=...``).
+    """One self-contained page that leads with what changed tonight: the new findings, the
+    agents that gave up or wait on a person and what could not be checked; then what persists;
+    then the fleet overview (hosts × checks), the charts (findings per night; each agent's
+    prefix tokens per turn) as inline SVG, each with labelled axes, a legend, a ``<title>`` and
+    ``<desc>`` and its numbers in a table, and every finding with filters (check, kind, state,
+    host, text, failing only; also from the URL's ``#kind=...&state=...``).
 
     The page fetches nothing (its CSP says ``default-src 'none'``), runs only its own style
     and script (allowed by their sha256 in the CSP, not ``unsafe-inline``), and marks ``<body
@@ -499,6 +700,20 @@ def to_html(doc: dict[str, Any]) -> str:
         p.append(f'<p id="source">blueprint commit <code>{_e(src.get("commit") or "none")}'
                  f'</code>{"" if src.get("clean") else " (not clean)"}; fails on '
                  f'{_e(", ".join(doc["fail_on"]))}</p>')
+    p += _tonight(doc)
+    persisting = sorted((f for f in doc["findings"] if f["state"] == "persisting"),
+                        key=lambda f: (not f["fails"], -int(f.get("nights") or 1)))
+    p.append(f'<section id="persisting"><h2>Persisting: {len(persisting)}, '
+             f'{sum(1 for f in persisting if f["fails"])} failing</h2>')
+    if persisting:
+        p.append('<table id="persisting-table"><thead><tr><th>fails</th><th>host</th>'
+                 "<th>check</th><th>kind</th><th>path or rule</th><th>finding</th>"
+                 "<th>history</th></tr></thead><tbody>"
+                 + "".join(f'<tr data-persisting="{f["id"]}">{_finding_cells(f)}</tr>'
+                           for f in persisting) + "</tbody></table>")
+    else:
+        p.append('<p id="no-persisting">No finding persists from an earlier night.</p>')
+    p.append("</section>")
     p.append('<section id="overview"><h2>Fleet</h2><table id="overview-table"><thead><tr>'
              "<th>host</th><th>drift</th><th>creds</th><th>tokens</th><th>release</th>"
              "<th>commit</th><th>findings</th><th>failing</th></tr></thead><tbody>")
@@ -520,12 +735,26 @@ def to_html(doc: dict[str, Any]) -> str:
                  f"<td>{_e(host.get('release') or '-')}</td><td>{_e(_commit_text(host))}</td>"
                  f"<td>{len(mine)}</td><td>{sum(1 for f in mine if f['fails'])}</td></tr>")
     p.append("</tbody></table></section>")
+    runners = doc.get("runners") or {"read": bool(doc.get("agents"))}
     p.append('<section id="charts"><h2>Over time</h2>'
-             '<figure id="chart-findings"><figcaption>Findings per night (red: failing)'
-             f"</figcaption>{svg_findings_per_night(doc['nights'])}</figure>"
+             '<figure id="chart-findings"><figcaption>Findings per night (blue: all '
+             "findings; red: the failing part), from the nights kept in --history"
+             f"</figcaption>{svg_findings_per_night(doc['nights'])}"
+             + _chart_data("Findings per night, as numbers", ["night", "findings", "failing",
+                                                             "new"],
+                           [[n["generated"], n["findings"], n["failing"], n["new"]]
+                            for n in doc["nights"]], "chart-findings-data")
+             + "</figure>"
              '<figure id="chart-prefix"><figcaption>Prefix tokens per turn, per agent (from '
-             f"the runners' ledgers)</figcaption>{svg_prefix_tokens(doc['agents'])}</figure>"
-             "</section>")
+             "the runners' ledgers)</figcaption>"
+             f"{svg_prefix_tokens(doc['agents'], bool(runners.get('read')))}"
+             + _chart_data("Prefix tokens per turn, as numbers",
+                           ["agent", "ledger", "turns", "median", "last", "why not read"],
+                           [[f"{a['host']}/{a['agent']}", a["status"], a["turns"],
+                             a["median_prefix_tokens"], a["last_prefix_tokens"],
+                             a.get("error") or ""] for a in doc["agents"]],
+                           "chart-prefix-data")
+             + "</figure></section>")
 
     def options(name: str, values: list[str]) -> str:
         opts = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in values)
@@ -533,7 +762,7 @@ def to_html(doc: dict[str, Any]) -> str:
                 "</select></label>")
 
     found = doc["findings"]
-    p.append('<section id="findings"><h2>Findings</h2><form id="filters">'
+    p.append('<section id="findings"><h2>Every finding</h2><form id="filters">'
              + options("check", sorted({f["check"] for f in found}))
              + options("kind", sorted({f["kind"] for f in found}))
              + options("state", sorted({f["state"] for f in found}))
@@ -552,17 +781,6 @@ def to_html(doc: dict[str, Any]) -> str:
                  f'<td class="path">{_e(f["subject"])}</td><td>{_e(f["message"])}</td>'
                  f"<td>{_e(_since(f))}</td><td>{_e(_accept_note(f))}</td></tr>")
     p.append("</tbody></table></section>")
-    unchecked = [(name, check, text) for name in _host_names(doc)
-                 for check, text in not_checked(doc, name)]
-    if unchecked:
-        p.append('<section id="unchecked"><h2>Not checked (parts of a check that could not '
-                 'run)</h2><ul>' + "".join(f"<li>{_e(host)}: {_e(check)}: {_e(text)}</li>"
-                                         for host, check, text in unchecked) + "</ul></section>")
-    errors = [c for c in doc["checks"] if c["status"] == "error"]
-    if errors:
-        p.append('<section id="errors"><h2>Checks that could not run</h2><ul>'
-                 + "".join(f"<li>{_e(c['host'])}: {_e(c['check'])}: {_e(c['error'] or '')}</li>"
-                           for c in errors) + "</ul></section>")
     p.append(f"<script>{_JS}</script></body></html>")
     return "".join(p) + "\n"
 
