@@ -52,6 +52,11 @@ class AgentStatus:
             ``since`` (ISO time), ``task``, ``run``, ``what`` and ``clear`` (the command a
             person runs on the host to clear it).
         errors: records that could not be read (path: error).
+        read: whether the host's records of this agent were read at all (``False`` when the
+            host could not be read).
+        unread: the parts of them that could not be read: ``runs`` (the last task),
+            ``notify`` (escalations), ``ledger`` (turns), ``standing-denials``. What was not
+            read is ``None`` in the JSON and "not read" in the text, never "none".
     """
 
     host: str
@@ -71,6 +76,12 @@ class AgentStatus:
     prefix_last: int | float | None = None
     standing_denials: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    read: bool = False
+    unread: list[str] = field(default_factory=list)
+
+    def known(self, part: str) -> bool:
+        """Whether ``part`` (``runs``, ``notify``, ``ledger``, ``standing-denials``) was read."""
+        return self.read and part not in self.unread
 
     @property
     def retries(self) -> int:
@@ -82,16 +93,23 @@ class AgentStatus:
                 or self.outcome in ATTENTION_OUTCOMES)
 
     def to_json(self) -> dict[str, Any]:
+        """The agent as JSON; a count or flag of a part not read is ``null``, never 0."""
         return {"host": self.host, "agent": self.agent, "role": self.role,
-                "state_exists": self.state_exists, "last_task": self.last_task,
+                "read": self.read, "unread": self.unread,
+                "state_exists": self.state_exists if self.read else None,
+                "last_task": self.last_task,
                 "outcome": self.outcome, "verdict": self.verdict, "attempts": self.attempts,
                 "retries": self.retries, "failed_verifications": self.failed_verifications,
-                "reason": self.reason, "escalations_waiting": self.escalations,
-                "escalations": self.escalation_list, "turns": self.turns,
+                "reason": self.reason,
+                "escalations_waiting": self.escalations if self.known("notify") else None,
+                "escalations": self.escalation_list,
+                "turns": self.turns if self.known("ledger") else None,
                 "prefix_tokens_per_turn": {"median": self.prefix_median,
                                            "last": self.prefix_last},
                 "standing_denials": self.standing_denials,
-                "attention": self.attention, "errors": self.errors}
+                "attention": self.attention or (None if self.unread or not self.read
+                                                else False),
+                "errors": self.errors}
 
 
 @dataclass(slots=True)
@@ -142,6 +160,8 @@ def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
             status.shipped_at = meta.get("created")
         elif e.get("t") == "agent-status" and e.get("agent") in by_name:
             a = by_name[e["agent"]]
+            a.read = True
+            a.unread = [str(u) for u in e.get("unread") or []]
             a.state_exists = bool(e.get("state_exists"))
             a.escalations = int(e.get("escalations") or 0)
             a.escalation_list = list(e.get("escalation_list") or [])

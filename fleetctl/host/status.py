@@ -31,7 +31,10 @@ def _agent_status(root, agent):
     state = os.path.join(root, b"state", enc(agent))
     out = {"t": AGENT_STATUS, "agent": agent, "state_exists": os.path.isdir(state),
            "last_task": None, "escalations": 0, "escalation_list": [], "turns": 0,
-           "prefix_totals": [], "errors": []}
+           "prefix_totals": [], "errors": [],
+           # The parts that could not be read (runs, notify, ledger, standing-denials): the
+           # client then says "not read", never "no task" or "no escalation waiting".
+           "unread": []}
     if not out["state_exists"]:
         return out
     runs = os.path.join(state, b"runs")
@@ -72,6 +75,7 @@ def _agent_status(root, agent):
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             out["errors"].append(f"{dec(runs)}: {os_error_text(exc)}")
+            out["unread"].append("runs")
     spool = os.path.join(state, b"notify")
     try:
         names = sorted(n for n in os.listdir(spool)
@@ -84,6 +88,7 @@ def _agent_status(root, agent):
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             out["errors"].append(f"{dec(spool)}: {os_error_text(exc)}")
+            out["unread"].append("notify")
     ledger = os.path.join(state, b"ledger.jsonl")
     totals = []
     try:
@@ -103,16 +108,19 @@ def _agent_status(root, agent):
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             out["errors"].append(f"{dec(ledger)}: {os_error_text(exc)}")
+            out["unread"].append("ledger")
     out["turns"] += len(totals)
     out["prefix_totals"] = totals[-STATUS_TURNS:]
-    out["standing_denials"] = _standing_denials(root, state, agent, out["errors"])
+    out["standing_denials"] = _standing_denials(root, state, agent, out["errors"],
+                                                out["unread"])
     return out
 
 
-def _standing_denials(root, state, agent, errors):
+def _standing_denials(root, state, agent, errors, unread):
     """The runner's standing denials (``STATE/standing-denials/*.json``, written by
     blueprint/runner/fleet_runner/standing.py), oldest first, each with the command that
-    clears it on this host; a directory that cannot be read is added to ``errors``."""
+    clears it on this host; a directory that cannot be read is added to ``errors`` and
+    ``unread``."""
     folder = os.path.join(state, b"standing-denials")
     try:
         names = sorted(n for n in os.listdir(folder)
@@ -120,6 +128,7 @@ def _standing_denials(root, state, agent, errors):
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             errors.append(f"{dec(folder)}: {os_error_text(exc)}")
+            unread.append("standing-denials")
         return []
     runner = os.path.join(root, b"current", b"runner", b"bin", b"fleet-runner")
     found = []

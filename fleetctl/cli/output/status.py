@@ -31,23 +31,32 @@ def to_text(report: FleetStatus) -> str:
     for h in report.hosts:
         if h.status == "error":
             lines.append(f"{show_name(h.host)}: ERROR: {printable(h.error or '')}")
+            if h.agents:
+                lines.append("  not read: " + ", ".join(show_name(a.agent) for a in h.agents)
+                             + " (their tasks, escalations and turns are not known)")
             continue
         commit = (h.commit or "-")[:12]
         lines.append(f"{show_name(h.host)}: release {h.release or 'none'}, commit {commit}"
                      + (f", shipped {h.shipped_at} by {show_name(h.shipped_by)}"
                         if h.shipped_at and h.shipped_by else ""))
         for a in h.agents:
-            if a.last_task is None:
+            if not a.known("runs"):
+                task = "last task not read"
+            elif a.last_task is None:
                 task = "no task yet"
             else:
                 task = (f"last task {show_name(a.last_task)}: {a.outcome}"
                         + (f" (last attempt {a.verdict})" if a.verdict else "")
                         + f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}")
-            esc = f"{a.escalations} escalation(s) waiting" if a.escalations else \
-                "no escalation waiting"
-            tokens = (f"prefix tokens/turn median {_n(a.prefix_median)}, last "
+            esc = ("escalations not read" if not a.known("notify") else
+                   f"{a.escalations} escalation(s) waiting" if a.escalations else
+                   "no escalation waiting")
+            tokens = ("ledger not read" if not a.known("ledger") else
+                      f"prefix tokens/turn median {_n(a.prefix_median)}, last "
                       f"{_n(a.prefix_last)} ({a.turns} turn(s))" if a.turns else "no turns yet")
-            mark = "! " if a.attention else "  "
+            if not a.known("standing-denials"):
+                tokens += "; standing denials not read"
+            mark = "! " if a.attention else ("? " if a.unread or not a.read else "  ")
             lines.append(f"{mark}{show_name(a.agent)} ({a.role}): {task}; {esc}; {tokens}")
             for e in a.escalation_list[:3]:
                 lines.append(f"    escalation {e.get('kind')}: task {show_name(str(e.get('task')))}"
