@@ -19,7 +19,7 @@ from fleetctl.hostevents import (
     WarningEvent,
 )
 from fleetctl.manifest import Entry, Manifest
-from fleetctl.names import printable
+from fleetctl.names import show_name
 from fleetctl.session import HostSession
 
 
@@ -56,8 +56,9 @@ class LiveState:
             ``{"problem": ...}`` when the file is there but unusable; ``None`` if none.
         meta: the provenance of the current release from its record (``source``, ``created``,
             ``shipped_by``, ``forced``, ``host``...; docs/provenance.md); ``{}`` if it has none.
-        ship_in_progress: for a scan, the process holding the host's ship lock (``"pid N"``),
-            or ``None``.
+        ship_in_progress: for a scan, the process holding the host's ship lock (``"pid N"``) at
+            the start or the end of the scan, or why else a ship was seen (``current`` switched
+            while the tree was walked); ``None`` when none was.
         created_root: for a ship, whether taking the lock created the (empty) root.
         root_key: for a ship, the machine and inode of the root (equal keys: same directory).
     """
@@ -129,6 +130,7 @@ def read_scan(session: HostSession, state: LiveState | None = None,
         elif event.t == p.SCAN_END:
             state.warnings[:0] = [w for w in session.transport_warnings
                                   if w not in state.warnings]
+            _ship_seen(state, event.raw)
             state.live = Manifest(live)
             if state.shipped is not None:
                 state.shipped = Manifest(shipped)
@@ -137,10 +139,20 @@ def read_scan(session: HostSession, state: LiveState | None = None,
                          "the host-side program ended before taking the lock")
 
 
+def _ship_seen(state: LiveState, end: dict[str, Any]) -> None:
+    """What the end of a drift's scan adds: a ship that took the lock, or a ``current``
+    switched, while the tree was walked, is a ship in progress too."""
+    holder = end.get("ship_in_progress")
+    if isinstance(holder, str) and holder and not state.ship_in_progress:
+        state.ship_in_progress = holder
+    if end.get("current_changed") is True and not state.ship_in_progress:
+        state.ship_in_progress = "the release in use changed while drift scanned it"
+
+
 def foreign_warning(foreign: list[Any]) -> str:
     """One line naming the entries of ``releases/`` fleetctl did not make (``{"name",
     "reason"}`` each, as the host sent them): kept, never counted, followed or removed."""
-    shown = [f"{printable(str(f.get('name')))} ({f.get('reason')})" for f in foreign[:5]
+    shown = [f"{show_name(str(f.get('name')))} ({f.get('reason')})" for f in foreign[:5]
              if isinstance(f, dict)]
     more = f", and {len(foreign) - 5} more" if len(foreign) > 5 else ""
     return ("releases/ holds entries fleetctl did not make, never counted, followed or "
@@ -157,6 +169,12 @@ def _fill(state: LiveState, event: HostEvent) -> None:
     foreign = raw.get("foreign")
     if isinstance(foreign, list) and foreign:
         state.warnings.append(foreign_warning(foreign))
+    staging = raw.get("staging")
+    if isinstance(staging, list) and staging and not raw.get("ship_in_progress") and \
+            "ship_in_progress" in raw:
+        state.warnings.append("releases/ holds what an interrupted ship left ({}): never in "
+                              "use, and the next ship removes it".format(
+                                  ", ".join(show_name(str(n)) for n in staging[:5])))
     state.identity = raw.get("identity")
     state.meta = raw.get("meta") or {}
     state.ship_in_progress = raw.get("ship_in_progress")

@@ -1,9 +1,11 @@
 """Releases on a host, their history, and rollback (docs/releases.md).
 
 A host keeps its releases beside each other (``<root>/releases/<id>``), each with a record of
-what it holds and where it came from (docs/provenance.md), and a history line for every ship and
-rollback (``<root>/.fleetctl/history.jsonl``). A rollback switches ``current`` back to an
-earlier release under the host's lock, after checking that release against its record.
+what it holds and where it came from (docs/provenance.md), and a history line for every ship,
+failed ship and rollback (``<root>/.fleetctl/history.jsonl``). Entries of ``releases/`` that
+are no release (foreign, a ship's staging, a prune's leftover) are listed apart, never as
+releases. A rollback switches ``current`` back to an earlier release under the host's lock,
+after checking that release against its record.
 
 What a host returns is not trusted: release ids must be plain names, provenance values must have
 the expected types, and history lines that are not JSON objects are skipped with a warning.
@@ -60,6 +62,10 @@ class ReleaseInfo:
         forced: whether hand-patches or a stale checkout were overridden.
         allow_dirty: whether it was shipped from a dirty source with ``--allow-dirty``.
         problem: why its record cannot be used (then it is no rollback target), or ``None``.
+        in_use_since: for the current release, the history line that put it in use (a ship
+            or a rollback: its time and who), or ``None`` when the history does not say.
+        rolled_back: each rollback away from this release, oldest first (time, who, to
+            which release): from the history.
     """
 
     id: str
@@ -72,13 +78,38 @@ class ReleaseInfo:
     forced: bool = False
     allow_dirty: bool = False
     problem: str | None = None
+    in_use_since: HistoryEntry | None = None
+    rolled_back: tuple[HistoryEntry, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The release as a JSON object (the keys above)."""
+        """The release as a JSON object (the keys above; history lines as in ``history``)."""
         return {"id": self.id, "current": self.current, "recorded": self.recorded,
                 "created": self.created, "commit": self.commit, "clean": self.clean,
                 "shipped_by": self.shipped_by, "forced": self.forced,
-                "allow_dirty": self.allow_dirty, "problem": self.problem}
+                "allow_dirty": self.allow_dirty, "problem": self.problem,
+                "in_use_since": self.in_use_since.to_json() if self.in_use_since else None,
+                "rolled_back": [e.to_json() for e in self.rolled_back]}
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignEntry:
+    """An entry of ``releases/`` that is no release: never counted, followed or removed.
+
+    Attributes:
+        name: its name as the host sent it (shown escaped: it may hold any byte).
+        kind: ``foreign`` (fleetctl did not make it), ``staging`` (a ship in progress, or the
+            leftover of one that was interrupted) or ``pruning`` (an old release a prune could
+            not remove completely).
+        reason: what it is (a file, a symlink, a directory without a record...).
+    """
+
+    name: str
+    kind: str
+    reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a JSON object (the keys above)."""
+        return {"name": self.name, "kind": self.kind, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +127,12 @@ class HistoryEntry:
         clean: whether that source was clean, if recorded.
         forced: whether anything was overridden (hand-patches, a stale checkout, a release
             that differed from its record).
+        step: for ``failed``, the step the ship stopped at (``unknown`` when it was killed
+            and the next ship found what it left).
+        error: for ``failed``, the kind of error (``failed``, ``permission``, ``changed``,
+            ``aborted``, ``hangup``, ``interrupted``...).
+        message: for ``failed``, the host's error message.
+        path: for ``failed``, the path the error names, if any.
     """
 
     host: str
@@ -107,12 +144,17 @@ class HistoryEntry:
     commit: str | None
     clean: bool | None
     forced: bool
+    step: str | None = None
+    error: str | None = None
+    message: str | None = None
+    path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The entry as a JSON object (the keys above)."""
         return {"host": self.host, "kind": self.kind, "time": self.time, "by": self.by,
                 "release": self.release, "previous": self.previous, "commit": self.commit,
-                "clean": self.clean, "forced": self.forced}
+                "clean": self.clean, "forced": self.forced, "step": self.step,
+                "error": self.error, "message": self.message, "path": self.path}
 
 
 @dataclass(slots=True)
@@ -123,7 +165,9 @@ class HostReleases:
         host: the inventory name.
         current: the release in use, or ``None``.
         releases: every release, oldest first.
-        history: every ship and rollback recorded, oldest first.
+        history: every ship, failed ship and rollback recorded, oldest first.
+        foreign: the entries of ``releases/`` that are no release, by name.
+        in_progress: the process holding the host's ship lock (``pid N``) while it was read.
         warnings: lines of the host's answer that were not usable (skipped).
         error: why the host could not be read (then the lists are empty).
     """
@@ -132,6 +176,8 @@ class HostReleases:
     current: str | None = None
     releases: list[ReleaseInfo] = field(default_factory=list)
     history: list[HistoryEntry] = field(default_factory=list)
+    foreign: list[ForeignEntry] = field(default_factory=list)
+    in_progress: str | None = None
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -150,6 +196,11 @@ def read_releases(host: Host) -> HostReleases:
             current = event.get("current")
             out.current = current if isinstance(current, str) and _RELEASE_ID.fullmatch(current) \
                 else None
+            out.in_progress = _text(event.get("ship_in_progress"))
+        elif kind == "release" and event.get("kind", "release") != "release":
+            name = event.get("id")
+            out.foreign.append(ForeignEntry(name if isinstance(name, str) else repr(name),
+                                            str(event.get("kind")), _text(event.get("reason"))))
         elif kind == "release":
             rid = event.get("id")
             if not isinstance(rid, str) or not _RELEASE_ID.fullmatch(rid):
@@ -173,7 +224,21 @@ def read_releases(host: Host) -> HostReleases:
                 out.history.append(entry)
         elif kind == "warning":
             out.warnings.append(str(event.get("message")))
+    out.releases = [_with_history(r, out.history) for r in out.releases]
     return out
+
+
+def _with_history(release: ReleaseInfo, history: list[HistoryEntry]) -> ReleaseInfo:
+    """``release`` with what the history says of it: the line that last put it in use (for the
+    current one) and each rollback away from it."""
+    from dataclasses import replace
+
+    since = None
+    if release.current:
+        put = [e for e in history if e.kind in ("ship", "rollback") and e.release == release.id]
+        since = put[-1] if put else None
+    away = tuple(e for e in history if e.kind == "rollback" and e.previous == release.id)
+    return replace(release, in_use_since=since, rolled_back=away)
 
 
 def _history_entry(host: str, line: Any) -> HistoryEntry | None:
@@ -181,7 +246,7 @@ def _history_entry(host: str, line: Any) -> HistoryEntry | None:
         data = json.loads(line) if isinstance(line, str) else None
     except ValueError:
         return None
-    if not isinstance(data, dict) or data.get("kind") not in ("ship", "rollback"):
+    if not isinstance(data, dict) or data.get("kind") not in ("ship", "rollback", "failed"):
         return None
     release, previous = _text(data.get("release")), _text(data.get("previous"))
     if release is not None and not _RELEASE_ID.fullmatch(release):
@@ -191,7 +256,9 @@ def _history_entry(host: str, line: Any) -> HistoryEntry | None:
     commit, clean = _commit(data.get("source"))
     return HistoryEntry(_text(data.get("host")) or host, data["kind"], _text(data.get("time")),
                         _text(data.get("by")), release, previous, commit, clean,
-                        _forced(data.get("forced")))
+                        _forced(data.get("forced")), _text(data.get("step")),
+                        _text(data.get("error")), _text(data.get("message")),
+                        _text(data.get("path")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,14 +89,20 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
         raise HostError(problem[0], hint=problem[1], step="scan")
     found = ancestry(source, state.commit) if source is not None else None
     warnings = list(state.warnings)
+    in_progress = None
     if state.ship_in_progress:
-        warnings.append(f"a ship is in progress on this host ({state.ship_in_progress}): "
-                        "what was scanned may be about to change")
+        in_progress = (f"a ship is in progress on this host ({state.ship_in_progress}): what "
+                       "was scanned may be about to change, so the host cannot be called in "
+                       "sync; run drift again when the ship has ended")
+        warnings.append(in_progress)
     if found is not None and found.stale:
         warnings.append(found.describe())
     common: dict[str, Any] = dict(release=state.current, warnings=warnings, commit=state.commit,
                   ancestry=found, identity=_identity_name(state),
                   in_progress=state.ship_in_progress, unchecked=list(tree.unchecked))
+    if in_progress:  # never in-sync with exit 0 while a ship may be changing the host
+        return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
+                          error=in_progress, **common)
     if state.unreadable:
         return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
                           error=f"{len(state.unreadable)} path(s) could not be read; the scan "

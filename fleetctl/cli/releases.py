@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich import box
-from rich.table import Table
 from rich.text import Text
 
 from fleetctl.cli.common import (
@@ -38,6 +36,9 @@ from fleetctl.errors import (
     worst_exit,
 )
 from fleetctl.names import printable, show_name
+
+if TYPE_CHECKING:
+    from fleetctl.releases import HistoryEntry, HostReleases
 
 SCHEMA_VERSION = 1
 
@@ -68,6 +69,83 @@ def _document(command: str, exit_code: int, **body: Any) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "command": command,
                        "exit_code": exit_code, **body}, indent=2, ensure_ascii=False) + "\n"
 
+# -- text: one block per release or history line, ids at the start of a line so they stay whole
+# and copyable at 80 columns (a table folded them) ---------------------------------------------
+
+
+def _commit_text(commit: str | None, clean: bool | None, allow_dirty: bool = False) -> str:
+    if commit is None:
+        return "commit not recorded"
+    state = "" if clean is None else ", clean" if clean else \
+        ", dirty (--allow-dirty)" if allow_dirty else ", dirty"
+    return f"commit {commit[:12]}{state}"
+
+
+def release_lines(found: HostReleases) -> list[str]:
+    """The text of ``releases HOST``: per release (oldest first) its id, then indented how it
+    was shipped, whether it is in use (since when, by whom) and each rollback away from it;
+    then the entries of ``releases/`` that are no release, and the failed ships."""
+    lines = [f"releases on {show_name(found.host)}, oldest first (* in use):"]
+    if found.in_progress:
+        lines.append(f"  a ship is in progress on this host ({printable(found.in_progress)}): "
+                     "what is listed may be about to change")
+    for r in found.releases:
+        lines.append(("* " if r.current else "  ") + r.id)
+        if r.recorded:
+            forced = "; forced" if r.forced else ""
+            lines.append(f"    shipped {r.created or '(time not recorded)'} by "
+                         f"{show_name(r.shipped_by or '(not recorded)')}; "
+                         f"{_commit_text(r.commit, r.clean, r.allow_dirty)}{forced}")
+        else:
+            lines.append("    no record: never a rollback target")
+        if r.problem:
+            lines.append(f"    {printable(r.problem)}: not a rollback target")
+        if r.in_use_since is not None:
+            e = r.in_use_since
+            lines.append(f"    in use since {e.time or '(time not recorded)'} ({e.kind} by "
+                         f"{show_name(e.by or '(not recorded)')})")
+        for e in r.rolled_back:
+            lines.append(f"    rolled back from it on {e.time or '(time not recorded)'} by "
+                         f"{show_name(e.by or '(not recorded)')}")
+    if not found.releases:
+        lines.append("  no release")
+    if found.foreign:
+        lines.append("not releases (never counted, followed or removed by fleetctl):")
+        for f in found.foreign:
+            what = {"staging": "a ship in progress, or the leftover of an interrupted one "
+                    "(the next ship removes it)",
+                    "pruning": "an old release a prune could not remove completely (the "
+                    "next prune tries again)"}.get(f.kind, f.reason or "not made by fleetctl")
+            lines += [f"  {show_name(f.name)}", f"    {f.kind}: {printable(what)}"]
+    failed = [e for e in found.history if e.kind == "failed"]
+    if failed:
+        lines.append("ships that failed on this host (none became a release):")
+        for e in failed:
+            lines += [f"  {e.release or '(no id)'}", *_failure_detail(e)]
+    lines += [f"warning: {printable(w)}" for w in found.warnings]
+    return lines
+
+
+def _failure_detail(e: HistoryEntry) -> list[str]:
+    where = f" ({show_name(e.path)})" if e.path else ""
+    return [f"    {e.time or '(time not recorded)'} at step {e.step or '(unknown)'} by "
+            f"{show_name(e.by or '(not recorded)')}; {_commit_text(e.commit, e.clean)}",
+            f"    {printable(e.error or 'failed')}: {printable(e.message or '')}{where}"]
+
+
+def history_lines(e: HistoryEntry) -> list[str]:
+    """One history line as text: time, host, what and the release on the first line (the id
+    last, whole), then indented where from, the commit, who and whether anything was forced;
+    for a failed ship the step, the error and its path."""
+    head = f"{e.time or '(time not recorded)':20}  {show_name(e.host)}  {e.kind:8}  " \
+        f"{e.release or '-'}"
+    if e.kind == "failed":
+        return [head, *_failure_detail(e)]
+    forced = ", forced" if e.forced else ""
+    return [head, f"    from {e.previous or '(none)'}; {_commit_text(e.commit, e.clean)}; by "
+                  f"{show_name(e.by or '(not recorded)')}{forced}"]
+
+
 
 def releases_command(
     host: str = typer.Argument(..., help="The host whose releases to list."),
@@ -88,27 +166,13 @@ def releases_command(
         if fmt is Format.json:
             target.write(_document("releases", EXIT_OK, host=found.host, current=found.current,
                                    releases=[r.to_json() for r in found.releases],
+                                   foreign=[f.to_json() for f in found.foreign],
+                                   failed=[e.to_json() for e in found.history
+                                           if e.kind == "failed"],
+                                   ship_in_progress=found.in_progress,
                                    warnings=found.warnings))
             return EXIT_OK
-        console = target.console()
-        table = Table(title=f"releases on {show_name(found.host)}", box=box.SIMPLE_HEAD,
-                      title_justify="left")
-        for column in ("", "release", "created", "commit", "source", "shipped by", "forced"):
-            table.add_column(column, overflow="fold")
-        for r in found.releases:
-            source = "-" if r.clean is None else "clean" if r.clean else \
-                "dirty (--allow-dirty)" if r.allow_dirty else "dirty"
-            table.add_row("*" if r.current else "", r.id, r.created or "-",
-                          (r.commit or "-")[:12], source, show_name(r.shipped_by or "-"),
-                          "yes" if r.forced else "" if r.recorded else "no record")
-        console.print(table)
-        for r in found.releases:
-            if r.problem:
-                console.print(Text(f"warning: release {r.id}: {printable(r.problem)} (not a "
-                                   "rollback target)", style="yellow"), soft_wrap=True)
-        for warning in found.warnings:
-            console.print(Text(f"warning: {printable(warning)}", style="yellow"))
-        target.write("")
+        target.write("\n".join(release_lines(found)) + "\n")
         return EXIT_OK
 
     guard(body, debug)
@@ -187,22 +251,12 @@ def history_command(
                                    hosts=[{"host": f.host, "error": f.error,
                                            "warnings": f.warnings} for f in found]))
             return code
-        console = target.console()
-        table = Table(title="fleetctl history", box=box.SIMPLE_HEAD, title_justify="left")
-        for column in ("time", "host", "what", "release", "from", "commit", "by", "forced"):
-            table.add_column(column, overflow="fold")
-        for e in entries:
-            commit = (e.commit or "-")[:12] + ("" if e.clean in (None, True) else " (dirty)")
-            table.add_row(e.time or "-", show_name(e.host), e.kind, e.release or "-",
-                          e.previous or "-", commit, show_name(e.by or "-"),
-                          "yes" if e.forced else "")
-        console.print(table)
+        lines = [line for e in entries for line in history_lines(e)] or ["no history recorded"]
         for f in found:
             if f.error:
-                console.print(Text(f"{printable(f.error)}", style="red"), soft_wrap=True)
-            for warning in f.warnings:
-                console.print(Text(f"{f.host}: warning: {printable(warning)}", style="yellow"))
-        target.write("")
+                lines.append(printable(f.error))
+            lines += [f"{show_name(f.host)}: warning: {printable(w)}" for w in f.warnings]
+        target.write("\n".join(lines) + "\n")
         return code
 
     guard(body, debug)

@@ -17,6 +17,7 @@ from fleetctl.host.state import (
     record_meta,
     record_path,
     record_problem,
+    recover_attempts,
     rollback_target,
 )
 from fleetctl.host.walk import tree_differences
@@ -101,6 +102,7 @@ def rollback(emit, root, request):
     try:
         state = read_state(emit, root)
         current = state["current"]
+        recover_attempts(emit, root, current)  # a killed ship's release is never a target
         if state["current_kind"] != "symlink" or not current:
             raise Stop("rollback", "layout", "the host has no release in use to roll back from")
         entries = {e["id"]: e for e in classify_releases(root, current)}

@@ -14,7 +14,7 @@ import re
 
 from fleetctl.host.accounts import account_missing, ensure_account, refuse_superuser
 from fleetctl.host.credentials import apply_credentials
-from fleetctl.host.files import fsync_dir, make_dir, temp_name
+from fleetctl.host.files import fsync_dir, make_dir, temp_name, write_json
 from fleetctl.host.remove import force_rmtree, mount_points, mounts_under, real_path
 from fleetctl.host.services import services_problem, services_step
 from fleetctl.host.stage import (
@@ -31,11 +31,15 @@ from fleetctl.host.state import (
     PRUNING_PREFIX,
     STAGING_ENTRY,
     append_history,
+    attempt_path,
     classify_releases,
     creds_record_path,
+    failure_entry,
     good_releases,
     last_shipped,
+    record_failure,
     record_path,
+    recover_attempts,
     rollback_target,
     write_identity,
 )
@@ -43,6 +47,8 @@ from fleetctl.host.walk import walk
 from fleetctl.host.wire import (
     STATE_DIR_B,
     Aborted,
+    Hangup,
+    HangupGuard,
     Stop,
     dec,
     enc,
@@ -180,26 +186,54 @@ def do_ship(emit, inp, root, request, state, scanned, lock_fd, created_root):
         if command.get("cmd") != "ship":
             emit({"t": DONE, "release": None, "pruned": []})
             return 0
-        return ship_locked(emit, inp, root, command, state, scanned)
+        return ship_locked(emit, inp, root, command, state, scanned, created_root)
     finally:
         os.close(lock_fd)
 
 
-def ship_locked(emit, inp, root, command, state, scanned):
+def ship_locked(emit, inp, root, command, state, scanned, created_root=False):
     """Carry out a ``ship`` command under the lock: the steps from ``prepare`` to ``prune``.
+
+    A ship that stops before its switch, for whatever reason (a step failed, the client
+    called it off or went away: end of input, SIGHUP, SIGTERM), removes what it made and then
+    appends a ``failed`` line to the history (the step, the error's kind, message and path,
+    who, when, which commit; not into a root this ship created, which is removed again). A
+    ship killed outright leaves its attempt file, which the next ship turns into such a line
+    (:func:`~fleetctl.host.state.recover_attempts`). From the switch on, the ship finishes.
 
     Returns 0 (also when the client aborted after ``prepared``: what was staged is removed).
     Raises:
         Stop: a step failed or found the release edited during the ship (kind ``changed``);
             what the ship had made is removed first.
     """
+    with HangupGuard() as guard:
+        return _ship(emit, inp, root, command, state, scanned, created_root, guard)
+
+
+def _ship(emit, inp, root, command, state, scanned, created_root, guard):
+    """The body of :func:`ship_locked`, with its :class:`HangupGuard` armed."""
     ignore = compile_ignore(command.get("ignore", []))
     release = enc(command["release"])
     releases_dir = os.path.join(root, b"releases")
     stage = os.path.join(releases_dir, temp_name(b".staging-", release))
     blob_dir = os.path.join(root, STATE_DIR_B, temp_name(b"incoming-", release))
     current_dir = os.path.join(root, b"current")
+    meta = command.get("meta", {})
+    failure = failure_entry(release, state["current"], meta)
+    attempt = attempt_path(root, release)
+    made_release = False
     step = "prepare"
+
+    def failed(step, kind, message, path=None):
+        """On the way out of a ship that stopped before its switch (best effort throughout)."""
+        cleanup(emit, stage, blob_dir, root, release, made_release)
+        if not created_root:
+            record_failure(emit, root, failure, step, kind, message, path)
+        try:
+            os.unlink(attempt)
+        except OSError:
+            pass
+
     try:
         emit({"t": STEP, "name": step})
         if command.get("units") is not None:
@@ -216,6 +250,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
                            "file): fleetctl writes nothing through it; move it aside", dec(path))
             if not os.path.isdir(path):
                 make_dir(path, 0o755)
+        recover_attempts(emit, root, state["current"], write_history=not created_root)
         # Left by an interrupted ship; we hold the lock, so nothing else is using them.
         for entry in classify_releases(root):
             if entry["kind"] == STAGING_ENTRY:
@@ -226,6 +261,8 @@ def ship_locked(emit, inp, root, command, state, scanned):
                 force_rmtree(emit, os.path.join(state_dir, name))
         if os.path.lexists(os.path.join(releases_dir, release)):
             raise Stop(step, "failed", f"release {dec(release)} already exists")
+        # From here the ship may leave things behind: the attempt file says whose they are.
+        write_json(attempt, failure, 0o644)
         tree = [e for e in command["desired"] if not is_credential_path(e["path"])]
         creds = [e for e in command["desired"] if is_credential_path(e["path"])]
         step = "receive"
@@ -270,14 +307,19 @@ def ship_locked(emit, inp, root, command, state, scanned):
         # only once every host it ships is ready, so no host switches while another failed.
         # Until then the release stays a staging directory: a ship killed here leaves only a
         # leftover the next ship removes, never a release that looks shipped.
+        step = "commit"  # before the event: a hangup right after it is at this step
         emit({"t": PREPARED, "release": dec(release)})
-        step = "commit"
-        go = read_json_frame(inp)
+        try:
+            go = read_json_frame(inp)
+        except Stop as stop:
+            raise Stop(step, "failed", "the client went away before it said commit ({})".format(
+                stop.event["message"])) from None
         if go.get("cmd") != "commit":
             raise Aborted()
         step = "record"
         emit({"t": STEP, "name": step})
         os.rename(stage, os.path.join(releases_dir, release))
+        made_release = True
         write_record(root, release, command["desired"], command.get("meta", {}))
         fsync_dir(releases_dir)
         if edited_during_ship(root, state, scanned, ignore):
@@ -292,28 +334,44 @@ def ship_locked(emit, inp, root, command, state, scanned):
         emit({"t": STEP, "name": step})
         if command.get("identity") and command["identity"] != state.get("identity"):
             write_identity(root, command["identity"])
+        # No signal stops the ship from here on: what comes after the rename finishes.
+        guard.armed = False
         switch(root, release)
-        meta = command.get("meta", {})
-        append_history(emit, root, {"kind": "ship", "time": meta.get("created"),
-                              "by": meta.get("shipped_by"), "release": dec(release),
-                              "previous": state["current"], "host": meta.get("host"),
-                              "forced": meta.get("forced"), "source": meta.get("source"),
-                              "allow_dirty": meta.get("allow_dirty"),
-                              "renamed_from": meta.get("renamed_from")})
     except Aborted:
-        cleanup(emit, stage, blob_dir, root, release)
+        failed("commit", "aborted", "called off by the client before the switch (another "
+               "host of the run could not ship, or the run was interrupted)")
         emit({"t": DONE, "release": None, "pruned": [], "aborted": True})
         return 0
-    except Stop:
-        cleanup(emit, stage, blob_dir, root, release)
+    except Stop as stop:
+        failed(stop.event["step"], stop.event["kind"], stop.event["message"],
+               stop.event["path"])
         raise
     except OSError as exc:
-        cleanup(emit, stage, blob_dir, root, release)
         kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"
         path = exc.filename
         if isinstance(path, bytes):
             path = dec(path)
-        raise Stop(step, kind, f"{exc.__class__.__name__}: {os_error_text(exc)}", path) from exc
+        message = f"{exc.__class__.__name__}: {os_error_text(exc)}"
+        failed(step, kind, message, path)
+        raise Stop(step, kind, message, path) from exc
+    except Hangup as exc:
+        message = (f"the connection to the client ended ({exc}) during step {step}; the "
+                   "previous release stays in use")
+        failed(step, "hangup", message)
+        raise Stop(step, "failed", message) from None
+    except BaseException as exc:  # a frame cut short, an interrupt: still recorded
+        failed(step, "failed", f"{exc.__class__.__name__}: {exc}")
+        raise
+    append_history(emit, root, {"kind": "ship", "time": meta.get("created"),
+                                "by": meta.get("shipped_by"), "release": dec(release),
+                                "previous": state["current"], "host": meta.get("host"),
+                                "forced": meta.get("forced"), "source": meta.get("source"),
+                                "allow_dirty": meta.get("allow_dirty"),
+                                "renamed_from": meta.get("renamed_from")})
+    try:
+        os.unlink(attempt)
+    except OSError as exc:
+        emit({"t": WARNING, "message": f"could not remove {dec(attempt)}: {os_error_text(exc)}"})
     # The new release is in use from here on: later trouble is a warning, never a rollback.
     try:
         force_rmtree(emit, blob_dir)
@@ -331,6 +389,7 @@ def ship_locked(emit, inp, root, command, state, scanned):
         pruned = []
         emit({"t": WARNING, "message": f"prune failed: {os_error_text(exc)}"})
     emit({"t": DONE, "release": dec(release), "pruned": pruned})
+    guard.__exit__()
     return 0
 
 

@@ -163,20 +163,24 @@ def receive_secrets(inp, count):
     return secrets
 
 
-def cleanup(emit, stage, blob_dir, root, release):
-    """Remove what a failed ship made: the staging release, the received content, the new
-    release and its records (temporary ones too). Best effort: an error here must not hide the
-    one that stopped the ship; a mount point met is kept and reported (force_rmtree)."""
-    for path in (stage, blob_dir, os.path.join(root, b"releases", release)):
+def cleanup(emit, stage, blob_dir, root, release, made_release):
+    """Remove what a failed ship made: the staging release, the received content and, when
+    ``made_release`` (it got past the rename of its record step), the new release and its
+    records (temporary ones too), the records first so a half-removed release is never taken
+    for one. Best effort: an error here must not hide the one that stopped the ship; a mount
+    point met is kept and reported (force_rmtree). A release of the same id that this ship did
+    not make is never touched."""
+    if made_release:
+        for record in (record_path(root, release), json_tmp_path(record_path(root, release)),
+                       creds_record_path(root, release),
+                       json_tmp_path(creds_record_path(root, release))):
+            try:
+                os.unlink(record)
+            except OSError:
+                pass
+    for path in (stage, blob_dir) + ((os.path.join(root, b"releases", release),)
+                                     if made_release else ()):
         try:
             force_rmtree(emit, path)
         except OSError:
             pass
-    for record in (record_path(root, release), json_tmp_path(record_path(root, release)),
-                   creds_record_path(root, release),
-                   json_tmp_path(creds_record_path(root, release))):
-        try:
-            os.unlink(record)
-        except OSError:
-            pass
-

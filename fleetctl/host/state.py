@@ -17,10 +17,13 @@ import errno
 import json
 import os
 import stat
+import time
 
 from fleetctl import protocol
 from fleetctl.host.accounts import read_accounts
 from fleetctl.host.files import create_file, make_dir, write_all, write_json
+from fleetctl.host.lock import lock_holder
+from fleetctl.host.remove import force_rmtree
 from fleetctl.host.walk import scan_credentials, scan_tree
 from fleetctl.host.wire import STATE_DIR_B, dec, enc, os_error_text
 from fleetctl.protocol import (
@@ -51,6 +54,7 @@ def read_state(emit, root):
         return state
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(current)
+        state["_current_target"] = target
         state["current_kind"] = "symlink"
         head, name = os.path.split(target.rstrip(b"/"))
         if not os.path.isdir(os.path.join(root, target)):
@@ -96,7 +100,9 @@ def classify_releases(root, current=None):
       its record is a usable fleetctl release record that names this release: only good
       releases are rollback targets and count towards retention.
     - kind ``staging``: ``.staging-<id>``, a directory: the release a ship is assembling, or
-      the leftover of one that was interrupted (the next ship removes it).
+      the leftover of one that was interrupted (the next ship removes it); also ``<id>``
+      itself while a ship's attempt file names it and it is not current (recorded, not yet
+      switched to, or left so by a ship that was killed).
     - kind ``pruning``: ``.pruning-<id>``, a directory: a release being removed by a prune,
       or what a prune could not remove (the next prune tries again).
     - kind ``foreign``: anything fleetctl did not make: a file, a symlink, a special file, a
@@ -135,6 +141,9 @@ def classify_releases(root, current=None):
             entry["kind"] = PRUNING_ENTRY
         elif not protocol.RELEASE_ID.match(text):
             entry["reason"] = "a directory whose name is not a release id"
+        elif text != current and os.path.lexists(attempt_path(root, name)):
+            # Recorded, but the ship that made it has not switched to it (yet, or ever).
+            entry["kind"] = STAGING_ENTRY
         elif not os.path.lexists(record_path(root, name)):
             if text == current:
                 entry["kind"] = RELEASE_ENTRY  # in use, so not foreign; but no rollback target
@@ -296,9 +305,23 @@ def scan(emit, root, state, request=None):
     unreadable += bad
     if request and request.get("accounts"):
         emit({"t": ACCOUNTS, "accounts": read_accounts(request["accounts"])})
-    emit({"t": SCAN_END, "entries": len(entries) + len(creds), "unreadable": unreadable,
-          "digest": manifest_digest(entries + creds)})
+    end = {"t": SCAN_END, "entries": len(entries) + len(creds), "unreadable": unreadable,
+           "digest": manifest_digest(entries + creds)}
+    if "ship_in_progress" in state:
+        # A drift: a ship (or rollback) may have taken the lock, or switched ``current``,
+        # while this scan walked the tree; the client must not call such a scan in sync.
+        end["ship_in_progress"] = lock_holder(root).strip(" ()") or None
+        end["current_changed"] = _current_target(root) != state.get("_current_target")
+    emit(end)
     return entries
+
+
+def _current_target(root):
+    """Where ``<root>/current`` points now (bytes), or ``None`` when it is no symlink."""
+    try:
+        return os.readlink(os.path.join(root, b"current"))
+    except OSError:
+        return None
 
 
 HISTORY_FILE = b"history.jsonl"
@@ -306,7 +329,14 @@ HISTORY_FILE = b"history.jsonl"
 
 def last_shipped(root):
     """The release the last successful ship put in use, from the history (bytes), or None."""
-    found = None
+    found = _history_releases(root, "ship")
+    return enc(found[-1]) if found else None
+
+
+def _history_releases(root, kind):
+    """The ``release`` of each history line of ``kind``, oldest first (unreadable lines and a
+    missing history are skipped)."""
+    found = []
     try:
         with open(history_path(root), "rb") as fh:
             for raw in fh:
@@ -314,12 +344,17 @@ def last_shipped(root):
                     entry = json.loads(raw.decode("utf-8", "surrogateescape"))
                 except ValueError:
                     continue
-                if isinstance(entry, dict) and entry.get("kind") == "ship" and \
+                if isinstance(entry, dict) and entry.get("kind") == kind and \
                         isinstance(entry.get("release"), str):
-                    found = enc(entry["release"])
+                    found.append(entry["release"])
     except OSError:
         pass
     return found
+
+
+def shipped_releases(root):
+    """The ids (str) of every release a ship line of the history says was put in use."""
+    return set(_history_releases(root, "ship"))
 
 
 def history_path(root):
@@ -345,3 +380,90 @@ def append_history(emit, root, entry):
         emit({"t": WARNING, "message": "could not record the history line in "
               f"{dec(history_path(root))}: {os_error_text(exc)}"})
 
+
+
+ATTEMPT_PREFIX = b"attempt-"
+
+
+def attempt_path(root, release):
+    """``.fleetctl/attempt-<id>.json`` (bytes): written when a ship of ``release`` begins on
+    the host, removed when it ends either way; one left behind names a ship that was killed."""
+    return os.path.join(root, STATE_DIR_B, ATTEMPT_PREFIX + release + b".json")
+
+
+def host_now():
+    """The host's UTC time, ISO 8601 to the second (``2026-12-01T15:36:43Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def failure_entry(release, previous, meta):
+    """The history line of a failed ship of ``release`` (bytes) before its step is known:
+    ``kind`` ``failed``, the release it would have made, the one in use, and who, when
+    (``started``, the client's time) and from which commit, from the command's ``meta``."""
+    return {"kind": "failed", "release": dec(release), "previous": previous,
+            "by": meta.get("shipped_by"), "started": meta.get("created"),
+            "host": meta.get("host"), "source": meta.get("source"),
+            "forced": meta.get("forced"), "allow_dirty": meta.get("allow_dirty")}
+
+
+def record_failure(emit, root, entry, step, kind, message, path=None):
+    """Append the history line of a failed ship: ``entry`` (:func:`failure_entry`) with the
+    host's ``time``, the ``step`` it stopped at, the error's ``kind``, ``message`` and
+    ``path``. Best effort: nothing is written through a state directory that is not a real
+    directory of the root (a symlink), and a failure to write is at most a warning."""
+    try:
+        if not stat.S_ISDIR(os.lstat(os.path.join(root, STATE_DIR_B)).st_mode):
+            return
+    except OSError:
+        return
+    line = dict(entry)
+    line.update({"time": host_now(), "step": step, "error": kind, "message": message,
+                 "path": path})
+    append_history(emit, root, line)
+
+
+def recover_attempts(emit, root, current, write_history=True):
+    """Under the lock, before a ship: close what a killed ship left (its attempt file).
+
+    For each ``.fleetctl/attempt-<id>.json``: when ``<id>`` is neither the release in use nor
+    one a ship line of the history names, the ship never switched to it, so its release (if
+    it got so far) and records are removed and a history line (kind ``failed``, step
+    ``unknown``, error ``interrupted``) says so, with who, when and which commit from the
+    attempt file; otherwise the ship did switch and only the file goes. Best effort: trouble
+    here is a warning, never a failed ship.
+    """
+    state_dir = os.path.join(root, STATE_DIR_B)
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return
+    shipped = None
+    for name in names:
+        if not (name.startswith(ATTEMPT_PREFIX) and name.endswith(b".json")):
+            continue
+        if shipped is None:
+            shipped = shipped_releases(root)
+        release = name[len(ATTEMPT_PREFIX):-len(b".json")]
+        path = os.path.join(state_dir, name)
+        try:
+            with open(path, "rb") as fh:
+                entry = json.loads(fh.read().decode("utf-8", "surrogateescape"))
+        except (OSError, ValueError):
+            entry = None
+        if not isinstance(entry, dict):
+            entry = failure_entry(release, None, {})
+        try:
+            if dec(release) != current and dec(release) not in shipped and \
+                    protocol.RELEASE_ID.match(dec(release)):
+                for record in (record_path(root, release), creds_record_path(root, release)):
+                    if os.path.lexists(record):
+                        os.unlink(record)
+                force_rmtree(emit, os.path.join(root, b"releases", release))
+                if write_history:
+                    record_failure(emit, root, entry, "unknown", "interrupted",
+                                   "the ship ended without a word (its process was killed, or "
+                                   "the host went down); found and cleared by the next ship")
+            os.unlink(path)
+        except OSError as exc:
+            emit({"t": WARNING, "message": f"could not clear {dec(path)}, left by an "
+                  f"interrupted ship: {os_error_text(exc)}"})

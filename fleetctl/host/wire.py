@@ -28,15 +28,76 @@ class StdoutSink:
 
     def __init__(self, stream):
         self._stream = stream
+        self._gone = False
 
     def __call__(self, event):
-        self._stream.write(protocol.encode_json(event) + b"\n")
-        if event.get("t") in protocol.FLUSHED:
-            self._stream.flush()
+        # Once the client has gone (a broken pipe), events go nowhere: the program still
+        # finishes what it must on the way out (clean up, write the history line) instead of
+        # stopping at the first event it can no longer send.
+        if self._gone:
+            return
+        try:
+            self._stream.write(protocol.encode_json(event) + b"\n")
+            if event.get("t") in protocol.FLUSHED:
+                self._stream.flush()
+        except OSError:
+            self._gone = True
 
     def flush(self):
         """Write out whatever is buffered (at the end of the program)."""
-        self._stream.flush()
+        if self._gone:
+            return
+        try:
+            self._stream.flush()
+        except OSError:
+            self._gone = True
+
+
+class Hangup(Exception):
+    """The client's connection ended (SIGHUP, SIGTERM) while a ship could still stop cleanly."""
+
+
+class HangupGuard:
+    """While armed, SIGHUP and SIGTERM raise :class:`Hangup` in the program (a ship then
+    cleans up and records its failure on the way out); once disarmed (the switch is next)
+    they are only noted, so the ship finishes rather than stop half way after the switch.
+
+    Use as a context manager around a ship; the previous handlers come back at the end.
+    """
+
+    SIGNALS = ("SIGHUP", "SIGTERM")
+
+    def __init__(self):
+        self.armed = False
+        self.caught = None
+        self._saved = {}
+
+    def __enter__(self):
+        import signal
+
+        for name in self.SIGNALS:
+            signum = getattr(signal, name)
+            try:
+                self._saved[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread (a test): no signals to catch
+                pass
+        self.armed = True
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+        return False
+
+    def _handle(self, signum, frame):
+        import signal
+
+        self.caught = signal.Signals(signum).name
+        if self.armed:
+            self.armed = False
+            raise Hangup(self.caught)
 
 
 def read_frame(inp):

@@ -337,7 +337,17 @@ def test_a_failure_while_preparing_one_host_switches_none(tmp_path, sshd_pool, s
     for name in ("h0", "h2"):
         assert run.host(name)["status"] == "refused", run.stdout
         assert "h1" in run.host(name)["error"]
-    assert {n: snapshot(r) for n, r in roots.items()} == before
+    # Nothing changed but one line more in each host's history: the failed attempt, at the
+    # step it stopped (h1) or called off (the others).
+    history = b".fleetctl/history.jsonl"
+    assert {n: {k: v for k, v in snapshot(r).items() if k != history}
+            for n, r in roots.items()} == {n: {k: v for k, v in s.items() if k != history}
+                                           for n, s in before.items()}
+    for name, root in roots.items():
+        line = json.loads((root / ".fleetctl" / "history.jsonl").read_text().splitlines()[-1])
+        assert (line["kind"], line["error"], line["step"]) == (
+            ("failed", "permission", "assemble") if name == "h1" else
+            ("failed", "aborted", "commit"))
     assert ship(inv, bp).code == 0
 
 

@@ -1,0 +1,151 @@
+"""Releases and history tell the whole story, on a real sshd box: a real ship held at a step
+(the library's own ship phases, paced by the test), drift while it runs, the connection cut
+while the host waits for commit, foreign entries in ``releases/``, and the text of
+``releases`` and ``history`` at 80 columns.
+
+Expected values come from the tree the test built and from plain ``json``/``os`` reads of the
+host's files, never from fleetctl's own listing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from fleetctl.cli.common import load_project, source_state
+from fleetctl.results import NoProgress
+from fleetctl.ship import HostShip, ShipOptions
+from tests.commands.test_ship_guards import commit_change, current_record, head
+from tests.commands.test_ship_guards import fleet  # noqa: F401  (a fixture: web1, shipped once)
+from tests.helpers import wait_until
+from tests.transport.test_ssh import drift, ship
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+ID = re.compile(r"\b\d{8}T\d{9}Z-[0-9a-f]{8}\b")
+
+
+def held_ship(inv: Path, bp: Path) -> HostShip:
+    """A real ship of web1, opened and locked: the caller paces its next phases."""
+    inventory, blueprint = load_project(inv, bp, 120.0)
+    (host,) = inventory.select(["web1"])
+    held = HostShip(blueprint, host, ShipOptions(), source_state(inventory, blueprint),
+                    NoProgress())
+    held.open()
+    held.lock()
+    return held
+
+
+def history(root: Path) -> list[dict]:
+    return [json.loads(line) for line in
+            (root / ".fleetctl" / "history.jsonl").read_text().splitlines()]
+
+
+def text(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as a person runs it, on an 80-column terminal's width (COLUMNS)."""
+    return subprocess.run([FLEETCTL, *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80"})
+
+
+def test_drift_during_a_held_ship_is_never_in_sync_and_a_cut_connection_is_recorded(fleet):
+    """A ship held after its lock and then at ``prepared`` (staged, waiting for commit):
+    drift says a ship is in progress and exits 2 both times (before: ``in-sync``, exit 0,
+    with a warning). Then the connection is cut while the host waits for commit: the host
+    removes the staged release and writes the history line itself (before: nothing recorded),
+    and ``releases``/``history`` show the failed ship, which never became a release."""
+    inv, bp, root = fleet
+    before = current_record(root)
+    releases_before = sorted(os.listdir(root / "releases"))
+    held = held_ship(inv, bp)  # nothing to change: the tree in use matches the blueprint
+    try:
+        seen = drift(inv, bp)
+        assert seen.code == 2, seen.stdout
+        assert seen.host("web1")["status"] == "incomplete"
+        assert "ship is in progress" in seen.host("web1")["error"]
+    finally:
+        held.abort()
+        held.close()
+    wait_until(lambda: drift(inv, bp).code == 0, what="drift clean once the held ship ended")
+    commit = commit_change(bp, "next", "n\n")
+    held = held_ship(inv, bp)
+    try:
+        held.plan()
+        held.prepare()
+        assert [n for n in os.listdir(root / "releases") if n.startswith(".staging-")]
+        seen = drift(inv, bp)
+        assert seen.code == 2 and "ship is in progress" in seen.host("web1")["error"]
+        listed = json.loads(text("releases", "web1", "--inventory", str(inv), "--format",
+                                 "json").stdout)
+        assert listed["ship_in_progress"] is not None
+        assert [f["kind"] for f in listed["foreign"]] == ["staging"]
+        release = held.result.release if held.result.release != before["release"] else None
+        assert held._session is not None
+        held._session.kill()  # the connection is cut: sshd hangs up the session
+    finally:
+        held.close()
+    failed = wait_until(lambda: [e for e in history(root) if e["kind"] == "failed"],
+                        what="the host's history line of the failed ship")
+    (line,) = failed
+    assert line["step"] == "commit" and line["previous"] == before["release"]
+    assert line["source"]["commit"] == commit and "@" in line["by"] and line["host"] == "web1"
+    assert release is None or line["release"] != before["release"]
+    wait_until(lambda: sorted(os.listdir(root / "releases")) == releases_before,
+               what="the staged release removed")
+    assert current_record(root)["release"] == before["release"]
+    assert not [n for n in os.listdir(root / ".fleetctl") if n.startswith("attempt-")]
+    doc = json.loads(text("releases", "web1", "--inventory", str(inv), "--format",
+                          "json").stdout)
+    assert [r["id"] for r in doc["releases"]] == releases_before
+    assert [(e["release"], e["step"]) for e in doc["failed"]] == [(line["release"], "commit")]
+    hist = json.loads(text("history", "--inventory", str(inv), "--format", "json").stdout)
+    assert [e["kind"] for e in hist["entries"]] == ["ship", "failed"]
+    again = ship(inv, bp)  # the failed attempt takes no slot and leaves nothing in the way
+    assert again.code == 0, again.stdout
+    assert drift(inv, bp).code == 0
+    assert current_record(root)["source"]["commit"] == head(bp)
+
+
+def test_releases_and_history_at_80_columns_keep_ids_whole_and_tell_who_rolled_back(fleet):
+    """Three ships, a rollback, a foreign directory and a file in ``releases/``: at 80 columns
+    every release id is whole on its line, the release in use says since when and by whom,
+    the one rolled back from says when and by whom, the foreign entries are named as such."""
+    inv, bp, root = fleet
+    for n in (2, 3):
+        commit_change(bp, f"c{n}", f"{n}\n")
+        assert ship(inv, bp).code == 0
+    ids = sorted(n for n in os.listdir(root / "releases") if ID.fullmatch(n))
+    assert len(ids) == 3
+    (root / "releases" / "runtime").mkdir()
+    (root / "releases" / "notes.txt").write_text("mine\n")
+    back = text("rollback", "web1", "--inventory", str(inv))
+    assert back.returncode == 0, back.stderr
+    out = text("releases", "web1", "--inventory", str(inv))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines if ID.search(line) and
+               line.strip() in ids), lines
+    for rid in ids:  # each id whole at the start of its own line
+        assert any(line.strip(" *") == rid for line in lines), (rid, lines)
+    block = "\n".join(lines)
+    current = os.readlink(root / "current").rsplit("/", 1)[1]
+    assert current == ids[1]
+    assert f"* {ids[1]}" in block
+    by = history(root)[-1]["by"]
+    assert re.search(rf"\* {ids[1]}\n(    .*\n)*    in use since \S+Z \(rollback by "
+                     rf"{re.escape(by)}\)", block), block
+    assert re.search(rf"  {ids[2]}\n(    .*\n)*    rolled back from it on \S+Z by "
+                     rf"{re.escape(by)}", block), block
+    assert "  runtime\n    foreign: a directory without a record" in block or \
+        "  runtime\n    foreign:" in block, block
+    assert "  notes.txt\n    foreign: a file" in block, block
+    hist = text("history", "--inventory", str(inv))
+    assert hist.returncode == 0
+    hlines = hist.stdout.splitlines()
+    for rid in ids:
+        assert any(line.endswith(rid) or f" {rid};" in line for line in hlines), (rid, hlines)
+    assert all(len(line) <= 80 for line in hlines if "web1" in line), hlines
+    seen = drift(inv, bp)  # drift warns about what fleetctl did not make
+    assert any("notes.txt" in w and "runtime" in w for w in seen.host("web1")["warnings"])
