@@ -50,7 +50,7 @@ from fleetctl.drift import (
 from fleetctl.errors import HostError
 from fleetctl.inventory import Host
 from fleetctl.manifest import DIR, FILE, SYMLINK, sha256_digest
-from fleetctl.names import escape_name, printable, safe_text, tree_path
+from fleetctl.names import escape_name, printable, safe_text, show_name, tree_path
 from fleetctl.plan import identity_problem
 from fleetctl.render import TEMPLATE_SUFFIX, render_host
 from fleetctl.scan import changes_for, host_session
@@ -243,7 +243,7 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
         if target.startswith("/") or "\0" in target or lands == ".." or \
                 lands.startswith("../"):
             return BackportItem(path, REFUSED, f"a symlink that leads out of the tree "
-                                f"({printable(target)}): refused")
+                                f"({show_name(target)}): refused")
         return _apply(blueprint.root, path, lambda: _write_link(blueprint.root, path, target),
                       WRITTEN)
     if live.type != FILE:

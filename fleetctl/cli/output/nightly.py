@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 from fleetctl.cli.output.markdown import md_text
-from fleetctl.names import printable
+from fleetctl.names import printable, show_name
 from fleetctl.nightly import unchecked_grant_text
 
 MARKDOWN_LIMIT_BYTES = 1024 * 1024
@@ -145,7 +145,7 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
             continue
         states = ", ".join(f"{c}: {check_cell(checks[name][c])}"
                            for c in ("drift", "creds", "tokens") if c in checks.get(name, {}))
-        lines.append(f"{printable(name)}: {states}; release {host.get('release') or '-'}, "
+        lines.append(f"{show_name(name)}: {states}; release {host.get('release') or '-'}, "
                      f"commit {_commit_text(host)}")
         for c in errors:
             lines.append(f"  {c['check']} error: {printable(c['error'] or '')}"
@@ -338,7 +338,7 @@ def to_junit(doc: dict[str, Any]) -> str:
             c = checks.get(name, {}).get(check)
             if c is None:
                 continue
-            case = TestCase(printable(name), f"fleetctl.{check}", 0.0)
+            case = TestCase(show_name(name), f"fleetctl.{check}", 0.0)
             mine = [f for f in doc["findings"] if f["host"] == name and f["check"] == check
                     and f["state"] not in ("resolved", "unchecked")]
             failing = [f for f in mine if f["fails"]]
