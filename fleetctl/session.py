@@ -272,6 +272,12 @@ class HostSession:
             self._chan.kill()
             tail = self._chan.stderr_tail()
         tail = tail.strip()
+        where = self._transport.lost()
+        if where is not None:
+            return HostError(f"{self.label}: the connection to {where} was lost ({why})",
+                             hint="check that the host is up and its sshd running, then run "
+                             "again (a ship that had not switched left the previous release "
+                             "in use: drift says)")
         if not self._started:  # it never started: e.g. sudo refused (become: sudo)
             explained = self._transport.explain(tail)
             if explained is not None:

@@ -94,6 +94,11 @@ class Transport(ABC):
     #: ``"sudo"`` when every command runs through ``sudo -n --`` (``become: sudo``).
     become: str | None = None
 
+    def lost(self) -> str | None:
+        """Where the connection went, if it dropped (``"user@host:port"``); ``None`` while it
+        is up, and always for a transport with no connection (local)."""
+        return None
+
     def explain(self, stderr_tail: str) -> HostError | None:
         """Why a started command ended before the program in it said a word, if the transport
         can find out (sudo refusing a ``become: sudo`` host: :mod:`.sudoprobe`); ``None``

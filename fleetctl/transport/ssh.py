@@ -369,6 +369,17 @@ class SshTransport(Transport):
         lines = stderr.text().strip().splitlines()
         return ProbeResult(status, out, lines[-1] if lines else "")
 
+    def lost(self) -> str | None:
+        """``user@host:port`` when the SSH connection dropped (sshd or the session killed, the
+        network gone: paramiko's transport is no longer active), else ``None``."""
+        conn = self._conn
+        if conn is None:
+            return None
+        link = conn.client.get_transport()
+        if link is not None and link.is_active():
+            return None
+        return f"{conn.user}@{conn.host}:{conn.port}"
+
     def explain(self, stderr_tail: str) -> HostError | None:
         """For a ``become: sudo`` host whose program never started: what sudo wanted, found
         by probing sudo's behaviour (:mod:`.sudoprobe`), as an error naming the host, the

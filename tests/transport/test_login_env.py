@@ -105,36 +105,54 @@ def test_the_last_line_a_host_writes_on_stderr_is_in_the_error(env_hosts, tmp_pa
     assert "exit status 3" in error
 
 
-def held_python(host) -> str:
-    """An interpreter wrapper that runs the real program but passes only its first two lines
-    (the newline and the hello), then holds: the client is mid-run when the test cuts it."""
+def held_python(host, hold: str) -> str:
+    """An interpreter wrapper that runs the real program but holds it part-way, so the client is
+    mid-run when the test cuts the connection: ``output`` passes only the program's first two
+    lines (the newline and the hello); ``input`` passes only the first 2 MB of its input (the
+    program, the request, the ship's commands and part of the content)."""
     held = host.env_dir / "held"
-    return script(host, "heldpy", f'{SYSTEM_PYTHON} "$@" | {{ IFS= read -r a; echo "$a"; '
-                  f'IFS= read -r b; echo "$b"; touch {held}; sleep 600; }}\n')
+    if hold == "output":
+        body = (f'{SYSTEM_PYTHON} "$@" | {{ IFS= read -r a; echo "$a"; IFS= read -r b; '
+                f'echo "$b"; touch {held}; sleep 600; }}\n')
+    else:
+        # A relay writing each block at once (head -c would hold its last one in stdio).
+        relay = ("import os\nleft = 2000000\nwhile left > 0:\n    block = os.read(0, min(left, "
+                 "65536))\n    if not block:\n        break\n    os.write(1, block)\n"
+                 "    left -= len(block)\n")
+        body = (f"{{ {SYSTEM_PYTHON} -c '{relay}'; touch {held}; sleep 600; }} | "
+                f'{SYSTEM_PYTHON} "$@"\n')
+    return script(host, "heldpy", body)
 
 
-@pytest.mark.parametrize("command", ["drift", "ship"])
-def test_a_dropped_connection_is_a_connection_error_naming_the_host(command, env_hosts,
+@pytest.mark.parametrize("command,hold", [("drift", "output"), ("ship", "output"),
+                                          ("ship", "input")])
+def test_a_dropped_connection_is_a_connection_error_naming_the_host(command, hold, env_hosts,
                                                                     tmp_path):
+    """sshd's session processes killed mid-run (SSH-BOXES.md: paramiko then raises OSError,
+    EOFError or SSHException, or reads an early end): an error naming the host and the
+    connection, exit 2, never an internal error, nothing switched."""
     from tests.helpers import cli, make_project, wait_until, write_inventory
     from tests.hostenv import FILES
 
     host = env_hosts(variant("plain"))
-    bp = make_project(tmp_path / "project", FILES)
-    inv = write_inventory(tmp_path / "inv.yaml", {"h": host.inventory(python=held_python(host))})
+    files = {**FILES, "runner": {**FILES["runner"], "big.bin": os.urandom(8 << 20)}}
+    bp = make_project(tmp_path / "project", files)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": host.inventory(
+        python=held_python(host, hold))})
     args = ["drift"] if command == "drift" else ["ship", "--yes"]
     done: list = []
     runner = threading.Thread(target=lambda: done.append(
         cli(*args, "--format", "json", inventory=inv, blueprint=bp)))
     runner.start()
-    wait_until(lambda: (host.env_dir / "held").exists(), what="the host program to start")
+    wait_until(lambda: (host.env_dir / "held").exists() or done,
+               what="the host program to be held")
+    assert not done, done[0].stdout + done[0].stderr
     assert host.box.kill_sessions() > 0
     runner.join(60)
     assert done, "the command did not end after its connection dropped"
     run = done[0]
     assert run.code == 2, run.stdout + run.stderr
     assert "internal error" not in (run.stdout + run.stderr).lower()
-    error = run.host("h")["error"] if run.stdout.startswith("{") and "hosts" in run.doc \
-        else run.stdout + run.stderr
-    assert error.startswith("h: ") or "h:" in error, error
+    error = run.host("h")["error"]
+    assert error.startswith("h: the connection to ") and " was lost (" in error, error
     assert not (host.root / "current").exists()  # nothing switched
