@@ -288,3 +288,36 @@ def test_an_escalation_whose_detail_starts_with_a_dash_goes_through_the_notify_c
     assert done["via"] == "notify-cli", done
     [sent] = [json.loads(p.read_text()) for p in spool.glob("*.json")]
     assert (sent["detail"], sent["reason"], sent["via"]) == (detail, "-why", "notify-cli")
+
+
+def test_a_server_name_with_a_line_separator_is_one_call(tmp_path):
+    """The calls log was read with ``splitlines``: U+2028 in an MCP server name cut the line,
+    and its second half was counted as a call of a CLI named ``b``."""
+    from fleet_runner.calls import count_calls
+
+    log = tmp_path / "attempt-1.calls"
+    log.write_text("reply\nmcp-bridge\ta\u2028b\ttool\n", "utf-8")
+    assert count_calls(log) == ({"mcp-bridge": 1, "reply": 1}, {"a\u2028b/tool": 1})
+
+
+def test_an_escalation_that_cannot_be_delivered_is_one_log_line(tmp_path, capsys):
+    from fleet_runner.escalate import escalate
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    done = escalate(release=tmp_path, spool=blocker / "notify", env={}, agent="a1", task="t1",
+                    kind="gave-up", failures=3, reason="gave up.\nAttempts:\n  1: fail",
+                    detail="")
+    assert done["via"] is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gave up.\\nAttempts:\\n  1: fail" in err
+
+
+def test_a_root_with_a_newline_in_its_name_is_one_error_line(tmp_path):
+    root = tmp_path / "a\nfleet-runner[a1]: forged"
+    root.mkdir()
+    done = subprocess.run([sys.executable, str(REPO / "blueprint" / "runner" / "bin" /
+                                               "fleet-runner"), "--agent", "a1", "--root",
+                           str(root), "--once"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "a\\nfleet-runner[a1]: forged" in done.stderr

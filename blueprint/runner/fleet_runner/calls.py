@@ -116,7 +116,7 @@ def count_calls(calls_log: Path) -> tuple[dict[str, int], dict[str, int]]:
     tools: dict[str, int] = {}
     try:
         with open(calls_log, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
+            lines = fh.read().split("\n")  # not splitlines: U+2028 may be in a server name
     except OSError:
         return {}, {}
     for line in lines:

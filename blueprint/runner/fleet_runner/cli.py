@@ -24,11 +24,18 @@ from fleet_runner import cgroup, standing
 from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions, not_root_refusal
+from fleet_runner.names import one_line
 from fleet_runner.paths import AgentPaths, agent_paths
 from fleet_runner.prefix import PrefixError, build_prefix
 from fleet_runner.tokens import prefix_tokens as counted_prefix
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED = 0, 2, 3
+
+
+def _say(text: str, agent: str | None = None) -> None:
+    """One line on stderr (the journal): what it quotes (a path, a name) may hold a newline."""
+    where = f"[{one_line(agent)}]" if agent else ""
+    print(f"fleet-runner{where}: {one_line(text)}", file=sys.stderr, flush=True)
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # fullmatch: the whole name
 
 
@@ -41,12 +48,11 @@ def _denials(paths: AgentPaths, permission: str | None) -> int:
     cleared = standing.clear(paths.standing_denials, permission)
     if not cleared and permission != "all":
         held = [d.get("permission") for d in standing.standing(paths.standing_denials)]
-        print(f"fleet-runner: no standing denial of {permission!r} for agent {paths.agent} "
-              f"(standing: {', '.join(map(str, held)) or 'none'})", file=sys.stderr)
+        _say(f"no standing denial of {permission!r} for agent {paths.agent} "
+             f"(standing: {', '.join(map(str, held)) or 'none'})")
         return EXIT_ERROR
     for name in cleared:
-        print(f"fleet-runner: cleared the standing denial of {name} for agent {paths.agent}",
-              file=sys.stderr)
+        _say(f"cleared the standing denial of {name} for agent {paths.agent}")
     return EXIT_OK
 
 
@@ -132,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if not _AGENT_NAME.fullmatch(args.agent):
-        print(f"fleet-runner: --agent {args.agent!r}: letters, digits, '.', '_' or '-' (as in "
-              "the inventory)", file=sys.stderr)
+        _say(f"--agent {args.agent!r}: letters, digits, '.', '_' or '-' (as in "
+             "the inventory)")
         return EXIT_ERROR
     if not args.root:
-        print("fleet-runner: --root is required (or set FLEET_ROOT)", file=sys.stderr)
+        _say("--root is required (or set FLEET_ROOT)")
         return EXIT_ERROR
     paths = agent_paths(args.agent, Path(args.root), release=args.release, config=args.config,
                         state=args.state_dir, workspace=args.workspace, outbox=args.outbox,
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return _denials(paths, args.clear_denial)
     refusal = not_root_refusal(args.agent_user) if args.agent_user else None
     if refusal:  # before the lock: a non-root runner may not even reach root's state
-        print(f"fleet-runner: {refusal}", file=sys.stderr)
+        _say(refusal)
         return EXIT_ERROR
     try:
         if args.show_prefix:
@@ -154,32 +160,28 @@ def main(argv: list[str] | None = None) -> int:
         # runner here (exit 2), not on the first message (which would then wait in processing/).
         check_servable(load_config(paths.config), args.agent, paths.skills)
     except (ConfigError, PrefixError) as exc:
-        print(f"fleet-runner: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_ERROR
     try:
         paths.ensure()
     except OSError as exc:
-        print(f"fleet-runner: cannot create the state or workspace directories: {exc}",
-              file=sys.stderr)
+        _say(f"cannot create the state or workspace directories: {exc}")
         return EXIT_ERROR
     try:
         lock_fd = _hold_lock(paths.lock)
     except OSError as exc:
-        print(f"fleet-runner: cannot take the runner's lock {paths.lock}: {exc.strerror} (the "
-              f"state directory {paths.state} must be this runner's: uid {os.geteuid()})",
-              file=sys.stderr)
+        _say(f"cannot take the runner's lock {paths.lock}: {exc.strerror} (the "
+             f"state directory {paths.state} must be this runner's: uid {os.geteuid()})")
         return EXIT_ERROR
     if lock_fd is None:
-        print(f"fleet-runner: another runner serves agent {args.agent} ({paths.lock} is locked)",
-              file=sys.stderr)
+        _say(f"another runner serves agent {args.agent} ({paths.lock} is locked)")
         return EXIT_LOCKED
     become_subreaper()
     owner = cgroup.owner_key(args.agent, paths.state)
     cgroup.set_owner(owner)
     for swept in cgroup.sweep(owner):  # run cgroups an earlier runner left behind
-        print(f"fleet-runner[{args.agent}]: removed the run cgroup {swept['cgroup']} of a "
-              f"runner that is gone ({len(swept['killed'])} process(es) killed in it)",
-              file=sys.stderr, flush=True)
+        _say(f"removed the run cgroup {swept['cgroup']} of a runner that is gone "
+             f"({len(swept['killed'])} process(es) killed in it)", agent=args.agent)
     runner = Runner(paths, RunnerOptions(kill_grace_s=args.kill_grace_s,
                                          check_timeout_s=args.check_timeout_s,
                                          poll_s=args.poll_s,
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runner.split_users(args.agent_user)
         except (RunnerError, OSError) as exc:
-            print(f"fleet-runner: {exc}", file=sys.stderr)
+            _say(str(exc))
             return EXIT_ERROR
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.request_stop())
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         how = runner.serve(once=args.once, release_changed=(
             (lambda: os.path.realpath(paths.release) != started_release) if follow else None))
     except RunnerError as exc:
-        print(f"fleet-runner: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_ERROR
     if how == "release-changed":
         runner.log(f"current now points at {os.path.realpath(paths.release)}; restarting into it")

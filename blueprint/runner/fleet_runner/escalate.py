@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fleet_runner.names import one_line
+
 NOTIFY_TIMEOUT_S = 30.0
 """Seconds the notify CLI may take."""
 DETAIL_MAX_CHARS = 8000
@@ -75,7 +77,8 @@ def escalate(*, release: Path, spool: Path, env: Mapping[str, str], agent: str, 
         tmp.write_text(json.dumps(message), "utf-8")
         os.rename(tmp, Path(spool) / f"{message['id']}.json")
     except OSError as exc:
-        print(f"fleet-runner: ESCALATION NOT DELIVERED for task {task} ({kind}): {reason} "
-              f"[{error}; spool: {exc}]", file=sys.stderr, flush=True)
+        print("fleet-runner: " + one_line(f"ESCALATION NOT DELIVERED for task {task} ({kind}): "
+                                          f"{reason} [{error}; spool: {exc}]"),
+              file=sys.stderr, flush=True)  # one line: the reason lists every attempt
         return {"via": None, "id": None, "error": f"{error}; spool: {exc}"}
     return {"via": "runner-fallback", "id": message["id"], "error": error}
