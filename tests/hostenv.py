@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ssh_host, wait_until
+from tests.helpers import ssh_host, sudoers_args, wait_until
 from tests.sshd_boxes import ClientKey, SshdBox, write_known_hosts
 
 #: A blueprint's files for the matrix's tests: an executable, a nested directory and a name
@@ -107,6 +107,9 @@ class LoginEnv:
         locale: a locale generated with localedef (``de_DE.ISO-8859-1``) that the login's
             LANG and LC_ALL name, found through LOCPATH.
         inventory: keys added to the host's inventory entry.
+        sudoers: lines for a drop-in file in /etc/sudoers.d (random name, removed after the
+            test; ``{login}`` and ``{python}`` in them are the login and the interpreter the
+            inventory names, ``/usr/bin/python3`` unless ``python_elsewhere``).
         setup: called with the :class:`EnvHost` once the user and box exist (as root).
     """
 
@@ -117,6 +120,7 @@ class LoginEnv:
     noexec_tmp: bool = False
     locale: str | None = None
     inventory: dict[str, Any] = field(default_factory=dict)
+    sudoers: tuple[str, ...] = ()
     setup: Callable[[EnvHost], None] | None = None
 
     def __str__(self) -> str:
@@ -131,6 +135,29 @@ NOISE_RC = (
     "printf 'no newline at the end'\n"
 )
 
+#: The NOPASSWD line for ``PYTHON -c BOOTSTRAP`` (tests.helpers.sudoers_args escapes it).
+SUDO_ENTRY = "{login} ALL=(root) NOPASSWD: {python} {args}"
+
+
+def sudo_on_path(host: EnvHost) -> None:
+    """sudo on a login PATH that holds only ``$FLEET_ENV/bin`` (python_elsewhere)."""
+    os.symlink("/usr/bin/sudo", host.env_dir / "bin" / "sudo")
+
+
+def write_french_sudo(bin_dir: Path) -> None:
+    """A ``sudo`` in ``bin_dir`` (first on a login's PATH) that runs the real one with French
+    messages: other wording than any English a parser could know, even under LC_ALL=C (a
+    LANGUAGE under C.UTF-8 is honoured by gettext)."""
+    wrapper = bin_dir / "sudo"
+    wrapper.write_text("#!/bin/sh\nLC_ALL=C.UTF-8 LANGUAGE=fr exec /usr/bin/sudo \"$@\"\n")
+    wrapper.chmod(0o755)
+
+
+def french_sudo(host: EnvHost) -> None:
+    """The French ``sudo`` (:func:`write_french_sudo`) in the variant's bin directory."""
+    write_french_sudo(host.env_dir / "bin")
+
+
 MATRIX: list[LoginEnv] = [
     LoginEnv("plain"),
     LoginEnv("umask-077", rc="umask 077\n"),
@@ -142,6 +169,14 @@ MATRIX: list[LoginEnv] = [
     LoginEnv("locale-latin1", locale="de_DE.ISO-8859-1"),
     LoginEnv("python-elsewhere", python_elsewhere=True),
     LoginEnv("noexec-tmp", noexec_tmp=True),
+    # become: sudo through the exact entry the docs give (tests/transport/test_sudo_probe.py
+    # has the refusals): as it is, with the interpreter outside sudo's secure_path, and with a
+    # sudo that speaks French in a German/French login environment.
+    LoginEnv("sudo", inventory={"become": "sudo"}, sudoers=(SUDO_ENTRY,)),
+    LoginEnv("sudo-python-elsewhere", python_elsewhere=True, inventory={"become": "sudo"},
+             sudoers=(SUDO_ENTRY,), setup=sudo_on_path),
+    LoginEnv("sudo-french", rc="export LANGUAGE=fr PATH=$FLEET_ENV/bin:$PATH\n",
+             inventory={"become": "sudo"}, sudoers=(SUDO_ENTRY,), setup=french_sudo),
 ]
 
 
@@ -230,6 +265,7 @@ def _chown_tree(path: Path, user: pwd.struct_passwd) -> None:
 def env_hosts(sshd_factory, ssh_client_key, tmp_path) -> Iterator[Callable[[LoginEnv], EnvHost]]:
     """``make(env) -> EnvHost``: a box and a login for the variant, gone after the test."""
     made: list[tuple[str, Path | None]] = []
+    drop_ins: list[Path] = []
 
     def make(env: LoginEnv) -> EnvHost:
         if os.geteuid() != 0:
@@ -264,6 +300,17 @@ def env_hosts(sshd_factory, ssh_client_key, tmp_path) -> Iterator[Callable[[Logi
         known = write_known_hosts(tmp_path / f"known_hosts-{env.name}", [box])
         host = EnvHost(env, box, user, home, home / "fleet" / "box", env_dir, ssh_client_key,
                        known, python)
+        if env.sudoers:
+            sudoers = Path("/etc/sudoers.d") / f"fleetctl-env-{secrets.token_hex(6)}"
+            drop_ins.append(sudoers)
+            wanted = python or "/usr/bin/python3"
+            sudoers.write_text("".join(
+                line.format(login=name, python=wanted, args=sudoers_args()) + "\n"
+                for line in env.sudoers))
+            sudoers.chmod(0o440)
+            check = subprocess.run(["visudo", "-cf", str(sudoers)], capture_output=True,
+                                   text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
         if env.setup is not None:
             env.setup(host)
         return host
@@ -271,6 +318,8 @@ def env_hosts(sshd_factory, ssh_client_key, tmp_path) -> Iterator[Callable[[Logi
     try:
         yield make
     finally:
+        for path in drop_ins:
+            path.unlink(missing_ok=True)
         for name, mount in reversed(made):
             if mount is not None:
                 subprocess.run(["umount", "-l", str(mount)], capture_output=True)

@@ -70,8 +70,10 @@ class SshChannel(Channel):
 
     def kill(self) -> None:
         # Closing the channel makes sshd hang up the session; the host-side program then gets
-        # EOF/SIGHUP and its flock is released by the kernel.
-        self._chan.close()
+        # EOF/SIGHUP and its flock is released by the kernel. A connection already going (the
+        # timer and a channel's own timeout may both end a run) has nothing left to close.
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            self._chan.close()
 
     def stderr_tail(self, wait_s: float = 1.0) -> str:
         return self._stderr.text(wait_s)

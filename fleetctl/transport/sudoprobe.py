@@ -79,7 +79,7 @@ class SudoProbes:
 
 @dataclass(frozen=True, slots=True)
 class SudoRefusal:
-    """What sudo wanted, in words for the operator, and the exact fix (one or more lines)."""
+    """What sudo wanted (or what was missing), in words for the operator, and the exact fix."""
 
     wanted: str
     fix: str
@@ -177,35 +177,36 @@ def decide(found: SudoProbes, login: str, argv: list[str]) -> SudoRefusal | None
         if found.python_found:
             moved = [found.python_found, *argv[1:]]
             return SudoRefusal(
-                f"an interpreter at {argv[0]}, and there is no Python 3.8+ there; "
+                f"sudo was to run {argv[0]}, and there is no Python 3.8+ there; "
                 f"{login}'s PATH has one at {found.python_found}, but sudo looks programs up "
                 "in its secure_path, not in the login's PATH",
                 f"set python: {found.python_found} for this host in the inventory, and add "
                 f"this line to {SUDOERS_FILE} on the host (visudo -f {SUDOERS_FILE}): "
                 f"{sudoers_entry(login, moved)}")
         return SudoRefusal(
-            f"an interpreter at {argv[0]}, and there is no Python 3.8+ there (none on "
+            f"sudo was to run {argv[0]}, and there is no Python 3.8+ there (none on "
             f"{login}'s PATH either)",
             f"install Python 3.8 or later on the host and set python: to its absolute path "
             f"for this host in the inventory; then {add} (with that path)")
     if found.lists is False and found.lists_tty:
         both = "" if found.allows else f"; and no rule matches this exact command: {add}"
         return SudoRefusal(
-            f"a terminal (Defaults requiretty): sudo accepts {login} on a terminal and "
+            f"sudo wants a terminal (Defaults requiretty): it accepts {login} on one and "
             "fleetctl runs without one",
             f"add this line to {SUDOERS_FILE} on the host (visudo -f {SUDOERS_FILE}): "
             f"Defaults:{login} !requiretty{both}")
     if found.lists is False:
         return SudoRefusal(
-            f"a password: {login} has no sudoers rule that sudo applies without one "
+            f"sudo wants a password: {login} has no sudoers rule that sudo applies without one "
             "(fleetctl runs sudo -n and never sends a password)", add)
     if found.allows is False:
         return SudoRefusal(
-            f"a sudoers entry for this exact command: {login}'s rules without a password "
+            f"sudo wants a sudoers entry for this exact command: {login}'s rules without a "
+            "password "
             "name other commands (sudo matches the program and every argument)", add)
     if found.runs is False:
         return SudoRefusal(
-            f"a password for this command: the rule that allows it to {login} has no "
+            f"sudo wants a password for this command: the rule that allows it to {login} has no "
             "NOPASSWD: (fleetctl runs sudo -n and never sends a password)", add)
     return None
 
@@ -232,6 +233,6 @@ def sudo_refusal(probe: Prober, label: str, login: str, where: str,
     said = f" (sudo's last words: {found.said!r})" if found.said else ""
     return PermissionDenied(
         f"{label}: become: sudo: `sudo -n` on {where} refused to run fleetctl's host-side "
-        f"program as root; sudo wanted {refusal.wanted}{said}; stopped, nothing was written "
+        f"program as root; {refusal.wanted}{said}; stopped, nothing was written "
         "or retried",
         hint=f"fix: {refusal.fix}")

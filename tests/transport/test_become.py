@@ -114,14 +114,14 @@ def test_sudo_that_would_prompt_stops_the_host_with_the_entry_it_needs(setup, de
         assert host["status"] == "error"
         assert host["error"].startswith(f"web1: become: sudo: `sudo -n` on {deploy}@127.0.0.1:"
                                         f"{box.port} refused"), host["error"]
-        assert "sudo wanted a password" in host["error"]
+        assert "sudo wants a password" in host["error"]
         assert host["hint"].endswith(
             f"{deploy} ALL=(root) NOPASSWD: /usr/bin/python3 {sudoers_args()}"), host["hint"]
     assert snapshot(root.parent) == before and not root.exists()
     with pytest.raises(KeyError):
         pwd.getpwnam(agent_user)
     text = cli("ship", "--yes", inventory=inv, blueprint=bp)
-    assert text.code == 2 and "sudo wanted a password" in text.stdout
+    assert text.code == 2 and "sudo wants a password" in text.stdout
     assert value not in text.stdout + text.stderr
 
 

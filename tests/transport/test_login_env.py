@@ -38,6 +38,9 @@ def test_each_box_of_the_matrix_has_the_environment_it_names(env, env_hosts):
         enc = host.run("python3 -c 'import sys; print(sys.getfilesystemencoding())'")
         assert enc.stdout.decode().split() == ["iso8859-1"]
     assert ("no-python3" in out) == env.python_elsewhere
+    if env.name == "sudo-french":  # the login's sudo speaks French: no English to read
+        said = host.run("LC_ALL=C sudo -n true")
+        assert said.returncode == 1 and "mot de passe" in said.stderr.decode(), said
     if env.noexec_tmp:
         tmp = out.split("tmp=", 1)[1].splitlines()[0]
         assert "noexec" in next(line for line in open("/proc/self/mounts")

@@ -34,14 +34,12 @@ from hypothesis import strategies as st
 
 from fleetctl.transport.sudoprobe import SudoProbes, decide
 from tests.helpers import cli, make_project, ssh_host, sudoers_args, write_inventory
+from tests.hostenv import write_french_sudo
 from tests.sshd_boxes import write_known_hosts
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/usr/bin/sudo") or not shutil.which("visudo"),
     reason="needs root and sudo (scripts/setup.sh --test installs it)")
-
-REAL_SUDO = "/usr/bin/sudo"
-
 
 def entry(login: str, python: str = "/usr/bin/python3") -> str:
     """The exact NOPASSWD line for ``python -c BOOTSTRAP`` (built by the test's own escaping)."""
@@ -128,14 +126,6 @@ def as_login(login: str, *argv: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-def french_sudo(bin_dir: Path) -> None:
-    """A ``sudo`` first on the login's PATH that runs the real one with French messages: other
-    wording than any English a parser could know, even under LC_ALL=C."""
-    wrapper = bin_dir / "sudo"
-    wrapper.write_text(f"#!/bin/sh\nLC_ALL=C.UTF-8 LANGUAGE=fr exec {REAL_SUDO} \"$@\"\n")
-    wrapper.chmod(0o755)
-
-
 def nothing_written(host: BecomeHost) -> None:
     assert not host.root.exists()
 
@@ -146,7 +136,7 @@ def refusal(host: dict, h: BecomeHost, wanted: str) -> tuple[str, str]:
     error, hint = host["error"], host["hint"]
     assert error.startswith(f"web1: become: sudo: `sudo -n` on {h.login}@127.0.0.1:{h.port} "
                             "refused to run fleetctl's host-side program as root; "
-                            f"sudo wanted {wanted}"), error
+                            f"{wanted}"), error
     assert "nothing was written or retried" in error
     return error, hint
 
@@ -168,7 +158,7 @@ def locale(request):
 def host_in(become_host, locale: str, **kw) -> BecomeHost:
     h = become_host(env=LOCALES[locale], noise=locale == "noisy", **kw)
     if locale == "foreign":
-        french_sudo(h.bin)
+        write_french_sudo(h.bin)
         said = as_login(h.login, "env", "LC_ALL=C", "sudo", "-n", "true")
         assert said.returncode == 1 and "mot de passe" in said.stderr, said  # not English
     return h
@@ -180,7 +170,7 @@ def test_sudo_that_wants_a_password(become_host, sudoers, locale):
     h = host_in(become_host, locale)
     sudoers(f"{h.login} ALL=(root) /usr/bin/python3 {sudoers_args()}")
     for args in (("ship", "--yes"), ("drift",)):
-        error, hint = refusal(h.run(*args), h, "a password")
+        error, hint = refusal(h.run(*args), h, "sudo wants a password: ")
         assert f"{h.login} has no sudoers rule that sudo applies without one" in error
         assert hint.startswith("fix: add this line to /etc/sudoers.d/fleetctl on the host")
         assert hint.endswith(entry(h.login)), hint
@@ -197,7 +187,7 @@ def test_a_password_wanted_for_this_command_only(become_host, sudoers, locale):
     h = host_in(become_host, locale)
     sudoers(f"{h.login} ALL=(root) NOPASSWD: /usr/bin/id",
             f"{h.login} ALL=(root) /usr/bin/python3 {sudoers_args()}")
-    error, hint = refusal(h.run("drift"), h, "a password for this command")
+    error, hint = refusal(h.run("drift"), h, "sudo wants a password for this command")
     assert "has no NOPASSWD:" in error and hint.endswith(entry(h.login))
     nothing_written(h)
     sudoers(f"{h.login} ALL=(root) NOPASSWD: /usr/bin/id", entry(h.login))
@@ -209,7 +199,7 @@ def test_requiretty(become_host, sudoers, locale):
     login on one, as the pty probe shows); the fix is ``Defaults:LOGIN !requiretty``."""
     h = host_in(become_host, locale)
     sudoers(entry(h.login), f"Defaults:{h.login} requiretty")
-    error, hint = refusal(h.run("ship", "--yes"), h, "a terminal (Defaults requiretty)")
+    error, hint = refusal(h.run("ship", "--yes"), h, "sudo wants a terminal (Defaults requiretty)")
     assert hint.endswith(f": Defaults:{h.login} !requiretty"), hint
     nothing_written(h)
     sudoers(entry(h.login), f"Defaults:{h.login} requiretty", f"Defaults:{h.login} !requiretty")
@@ -226,7 +216,8 @@ def test_requiretty(become_host, sudoers, locale):
 def test_a_sudoers_entry_that_does_not_match(become_host, sudoers, locale, other):
     h = host_in(become_host, locale)
     sudoers(f"{h.login} ALL=(root) {other}")
-    error, hint = refusal(h.run("ship", "--yes"), h, "a sudoers entry for this exact command")
+    error, hint = refusal(h.run("ship", "--yes"), h,
+                          "sudo wants a sudoers entry for this exact command")
     assert hint.endswith(entry(h.login)), hint
     nothing_written(h)
     sudoers(f"{h.login} ALL=(root) {other}", entry(h.login))
@@ -244,7 +235,7 @@ def test_python3_not_where_the_inventory_says_but_on_the_logins_path(become_host
     found = h.bin / "python3"
     found.symlink_to("/usr/bin/python3")
     sudoers(entry(h.login, missing))
-    error, hint = refusal(h.run("ship", "--yes"), h, f"an interpreter at {missing}")
+    error, hint = refusal(h.run("ship", "--yes"), h, f"sudo was to run {missing}, and there is no Python")
     assert f"{h.login}'s PATH has one at {found}" in error and "secure_path" in error
     assert hint.startswith(f"fix: set python: {found} for this host in the inventory"), hint
     assert hint.endswith(entry(h.login, str(found))), hint
@@ -334,7 +325,7 @@ def test_an_interpreter_that_breaks_as_it_starts_is_not_blamed_on_sudo(become_ho
     h = become_host(python=str(python))
     sudoers(entry(h.login, str(python)))
     error = h.run("drift")["error"]
-    assert "sudo wanted" not in error, error
+    assert "sudo wants" not in error and "sudo was to run" not in error, error
     assert error.startswith(f"web1: the host-side program did not start under '{python}'"), error
     assert "broken interpreter: no encodings module" in error, error
 
