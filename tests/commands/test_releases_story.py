@@ -22,7 +22,7 @@ from fleetctl.ship import HostShip, ShipOptions
 from tests.commands.test_ship_guards import commit_change, current_record, head
 from tests.commands.test_ship_guards import fleet  # noqa: F401  (a fixture: web1, shipped once)
 from tests.helpers import wait_until
-from tests.transport.test_ssh import drift, ship
+from tests.transport.test_ssh import _ship_too_big, drift, mount_tmpfs, ship  # noqa: F401
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 ID = re.compile(r"\b\d{8}T\d{9}Z-[0-9a-f]{8}\b")
@@ -149,3 +149,18 @@ def test_releases_and_history_at_80_columns_keep_ids_whole_and_tell_who_rolled_b
     assert all(len(line) <= 80 for line in hlines if "web1" in line), hlines
     seen = drift(inv, bp)  # drift warns about what fleetctl did not make
     assert any("notes.txt" in w and "runtime" in w for w in seen.host("web1")["warnings"])
+
+
+def test_a_full_disk_is_recorded_once_the_half_received_content_is_gone(
+        tmp_path, mount_tmpfs, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """The disk fills while a 1 MiB file is received: the host removes what it received first,
+    so there is room again for the history line that says so (step, error, who, commit)."""
+    root, old_target, _tree, run = _ship_too_big(tmp_path, mount_tmpfs, sshd_pool[0],
+                                                 ssh_client_key, ssh_known_hosts)
+    assert run.code == 2 and run.host("web1")["step"] == "receive", run.stdout
+    (line,) = [e for e in history(root) if e["kind"] == "failed"]
+    assert (line["step"], line["error"], line["previous"]) == \
+        ("receive", "failed", old_target.split("/")[1])
+    assert "No space left on device" in line["message"] and "@" in line["by"]
+    assert line["source"]["commit"] == run.doc["source"]["commit"]
+    assert sorted(os.listdir(root / "releases")) == [old_target.split("/")[1]]

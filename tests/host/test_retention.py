@@ -235,3 +235,34 @@ def test_prune_removes_only_good_releases_and_keeps_current_target_and_the_newes
         assert set(removed) == set(good) - must_stay
         assert set(os.listdir(root / "releases")) == before - set(removed)
         assert os.readlink(root / "current") == f"releases/{current}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.binary(min_size=1, max_size=40).filter(
+    lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b"..")),
+    kind=st.sampled_from(("dir", "file", "symlink")))
+def test_a_foreign_name_of_any_bytes_stays_data_and_stays_put(name, kind):
+    """Whatever bytes an entry's name holds, ``releases`` reports it under those very bytes
+    (decoded back), never as a release; a prune leaves it as it was."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        good_release(root, rid(1), None)
+        good_release(root, rid(2), rid(1))
+        path = os.path.join(os.fsencode(root / "releases"), name)
+        if os.path.lexists(path):  # the name of one of the releases themselves
+            return
+        if kind == "dir":
+            os.mkdir(path)
+        elif kind == "file":
+            with open(path, "wb") as fh:
+                fh.write(b"x")
+        else:
+            os.symlink(b"/", path)
+        events: list[dict] = []
+        releases.list_releases(events.append, os.fsencode(root), {})
+        listed = {os.fsencode(e["id"]): e["kind"] for e in events if e["t"] == "release"}
+        assert listed[name] in ("foreign", "staging", "pruning")
+        assert {k for k, v in listed.items() if v == "release"} == {rid(1).encode(),
+                                                                    rid(2).encode()}
+        assert ship.prune(events.append, os.fsencode(root), 1, rid(2).encode()) == []
+        assert os.path.lexists(path)
