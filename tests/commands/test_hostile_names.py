@@ -9,9 +9,14 @@ test_names.decode``, written from docs/json.md, not fleetctl's), and git.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.engine.test_names import HOSTILE, decode, looks_safe
 from tests.helpers import cli, local_host, make_project, write_inventory
@@ -114,8 +119,6 @@ def test_backports_git_diff_decodes_back_to_a_patch(tmp_path):
 
 
 def test_hostile_names_in_markdown_decode_back_from_their_code_spans(tmp_path):
-    import re
-
     inv, bp, _ = _fleet(tmp_path)
     run = cli("drift", "--format", "markdown", inventory=inv, blueprint=bp)
     assert run.code == 1, run.stderr
@@ -127,3 +130,42 @@ def test_hostile_names_in_markdown_decode_back_from_their_code_spans(tmp_path):
         if found and "runner/" in found.group(2):
             spans.append(found.group(2).replace("\\|", "|"))  # GFM: a table cell's \| is |
     assert {decode(s) for s in spans} == {b"runner/" + raw for raw in NAMES} | {b"runner/conf"}
+
+
+file_names = st.binary(min_size=1, max_size=12).filter(
+    lambda b: b"\x00" not in b and b"/" not in b and b not in (b".", b"..")) | \
+    st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map(b"".join)
+
+
+def test_any_file_names_through_drift_print_safely_and_decode_back(tmp_path):
+    """Hypothesis names (any byte but NUL and "/") through the real drift, text and JSON: the
+    JSON paths and the text's diff headers decode back to exactly the names on disk."""
+    inv, bp, live = _fleet(tmp_path)
+    counter = iter(range(10**6))
+
+    @settings(max_examples=8, deadline=None, database=None)
+    @given(st.lists(file_names, min_size=1, max_size=4, unique=True))
+    def check(raws):
+        sub = f"e{next(counter)}".encode()
+        where = os.path.join(os.fsencode(live), sub)
+        os.mkdir(where)
+        try:
+            for raw in raws:
+                with open(os.path.join(where, raw), "wb") as fh:
+                    fh.write(b"y\n")
+            wanted = {b"runner/" + sub + b"/" + raw for raw in raws}
+            js = cli("drift", "--format", "json", inventory=inv, blueprint=bp)
+            got = {decode(c["path"]) if c.get("path_escaped") else c["path"].encode()
+                   for c in js.host("h")["changes"]}
+            assert wanted <= got
+            text = cli("drift", "--diff", inventory=inv, blueprint=bp)
+            for ch in "\x1b\r\x07\u202e\u2028\x85\t":
+                assert ch not in text.stdout + text.stderr
+            heads = [re.fullmatch(r"# h: (.*) \(([a-z-]+)\)", line) for line in
+                     text.stdout.split("\n") if line.startswith("# h: ")]
+            shown = {decode(m.group(1)) for m in heads if m}
+            assert len(heads) == len(shown) and wanted <= shown, (raws, text.stdout)
+        finally:
+            shutil.rmtree(where)
+
+    check()
