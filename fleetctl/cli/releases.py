@@ -73,6 +73,9 @@ def _document(command: str, exit_code: int, **body: Any) -> str:
 # and copyable at 80 columns (a table folded them) ---------------------------------------------
 
 
+WIDTH = 80  # the terminal width the text is laid out for (ids whole and copyable)
+
+
 def _commit_text(commit: str | None, clean: bool | None, allow_dirty: bool = False) -> str:
     if commit is None:
         return "commit not recorded"
@@ -137,8 +140,12 @@ def history_lines(e: HistoryEntry) -> list[str]:
     """One history line as text: time, host, what and the release on the first line (the id
     last, whole), then indented where from, the commit, who and whether anything was forced;
     for a failed ship the step, the error and its path."""
-    head = f"{e.time or '(time not recorded)':20}  {show_name(e.host)}  {e.kind:8}  " \
-        f"{e.release or '-'}"
+    head = f"{e.time or '(time not recorded)':20}  {show_name(e.host)}  {e.kind:8}"
+    release = e.release or "-"
+    # The id ends the first line while that fits 80 columns; after a long host name it gets a
+    # line of its own rather than be cut in two by the terminal.
+    head = f"{head}  {release}" if len(head) + 2 + len(release) <= WIDTH else \
+        f"{head}\n    {release}"
     if e.kind == "failed":
         return [head, *_failure_detail(e)]
     forced = ", forced" if e.forced else ""

@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import string
 import subprocess
 import sys
 from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetctl.cli.common import load_project, source_state
 from fleetctl.results import NoProgress
@@ -164,3 +168,21 @@ def test_a_full_disk_is_recorded_once_the_half_received_content_is_gone(
     assert "No space left on device" in line["message"] and "@" in line["by"]
     assert line["source"]["commit"] == run.doc["source"]["commit"]
     assert sorted(os.listdir(root / "releases")) == [old_target.split("/")[1]]
+
+
+@given(host=st.text(alphabet=string.ascii_lowercase + "-.", min_size=1, max_size=60),
+       by=st.text(min_size=0, max_size=40), kind=st.sampled_from(("ship", "rollback", "failed")))
+def test_history_text_keeps_every_id_whole_on_a_line_of_at_most_80_columns(host, by, kind):
+    """Whatever the host and user names, each release id of a history entry is whole on one
+    line, and a line that holds an id is no wider than 80 columns up to the end of the id."""
+    from fleetctl.cli.releases import history_lines
+    from fleetctl.releases import HistoryEntry
+
+    ids = ("20261202T052023035Z-0197452c", "20261202T052027911Z-741f5a03")
+    entry = HistoryEntry(host, kind, "2026-12-02T05:20:41Z", by, ids[1], ids[0], "ab" * 20,
+                         True, False, "verify" if kind == "failed" else None)
+    lines = "\n".join(history_lines(entry)).split("\n")
+    for rid in ids if kind != "failed" else ids[1:]:
+        holding = [line for line in lines if rid in line]
+        assert holding, (rid, lines)
+        assert all(line.index(rid) + len(rid) <= 80 for line in holding), lines
