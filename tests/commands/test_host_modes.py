@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import cli, local_host, make_project, write_inventory
+from tests.commands.test_credentials import host_root  # noqa: F401 (a fixture)
 from tests.hostenv import FILES, expected_modes, modes_under
 
 
@@ -56,3 +57,37 @@ def test_the_modes_a_ship_creates_do_not_depend_on_the_umask(tmp_path_factory, u
     root, top = ship_under_umask(base, umask)
     assert modes_under(root) == expected_modes(root)
     assert stat.S_IMODE(os.stat(top).st_mode) == 0o755
+
+
+def test_credentials_users_and_homes_get_their_modes_under_any_umask(
+        tmp_path, host_root, real_users, monkeypatch):
+    """Secrets 0600 in 0700 directories, the agent's; a HOME 0700 the agent's, and the parent
+    a ship made for it 0755: under umask 077 (narrower than some) and 000 (wider than all)."""
+    import pwd
+
+    from tests.commands.test_credentials import Fleet, tok
+
+    for umask in (0o077, 0o000):
+        fleet = Fleet(tmp_path / f"u{umask:o}", host_root.parent / f"box{umask:o}", real_users,
+                      monkeypatch)
+        fleet.a, fleet.b = real_users.name(f"a{umask:o}"), real_users.name(f"b{umask:o}")
+        fleet.secret("TOK_A")
+        homes = host_root.parent / f"homes{umask:o}"  # missing: the ship makes it
+        agents = {"a": {"role": "worker", "user": fleet.a, "home": str(homes / "a"),
+                        "grants": tok("TOK_A")},
+                  "b": {"role": "worker", "user": fleet.b, "home": str(homes / "b")}}
+        write_inventory(fleet.inv, {"h": local_host(fleet.root, agents)})
+        old = os.umask(umask)
+        try:
+            shipped = fleet.run("ship", "--yes")
+        finally:
+            os.umask(old)
+        assert shipped.code == 0, shipped.stdout + shipped.stderr
+        pw = pwd.getpwnam(fleet.a)
+        creds = fleet.root / "credentials"
+        for path, mode, uid in ((creds, 0o755, 0), (creds / "a", 0o700, pw.pw_uid),
+                                (creds / "a" / "tok.env", 0o600, pw.pw_uid),
+                                (homes, 0o755, 0), (homes / "a", 0o700, pw.pw_uid)):
+            st_ = os.lstat(path)
+            assert (path, stat.S_IMODE(st_.st_mode), st_.st_uid) == (path, mode, uid)
+        assert fleet.run("drift").code == 0

@@ -159,3 +159,22 @@ def test_a_dropped_connection_is_a_connection_error_naming_the_host(command, hol
     error = run.host("h")["error"]
     assert error.startswith("h: the connection to ") and " was lost (" in error, error
     assert not (host.root / "current").exists()  # nothing switched
+
+
+def test_the_local_transport_skips_what_its_interpreter_prints_first(tmp_path):
+    """No shell starts the local host program, but its ``python:`` may be a wrapper that
+    prints (a module system's banner): the same first-frame rule applies."""
+    from tests.helpers import cli, local_host, make_project, write_inventory
+    from tests.hostenv import FILES
+
+    wrapper = tmp_path / "py"
+    wrapper.write_text("#!/bin/sh\necho 'module python/3.11 loaded'\necho 'on stderr' >&2\n"
+                       f"printf 'no newline'\nexec {SYSTEM_PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    bp = make_project(tmp_path / "project", FILES)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box",
+                                                                  python=str(wrapper))})
+    shipped = cli("ship", "--yes", inventory=inv, blueprint=bp)
+    assert shipped.code == 0, shipped.stdout + shipped.stderr
+    assert (tmp_path / "box" / "current" / "runner" / "conf").read_text() == "a=1\n"
+    assert cli("drift", inventory=inv, blueprint=bp).code == 0
