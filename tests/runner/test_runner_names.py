@@ -321,3 +321,25 @@ def test_a_root_with_a_newline_in_its_name_is_one_error_line(tmp_path):
                            str(root), "--once"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "a\\nfleet-runner[a1]: forged" in done.stderr
+
+
+@needs_root
+def test_records_an_older_runner_kept_under_the_id_itself_are_found(real_users, open_base,
+                                                                    make_fleet):
+    """An older runner named runs/<task> by the id itself: after an upgrade, a finished chat
+    id sent again must still be a duplicate (not run and answered a second time)."""
+    user = pwd.getpwnam(real_users.create("agent"))
+    fleet = make_fleet("replier", base=open_base)
+    _two_users(fleet, user)
+    fleet.drop(CHAT_ID, text="What is 6 x 7?")
+    assert fleet.run("--agent-user", user.pw_name).returncode == 0
+    runs = fleet.state / "runs"
+    os.rename(runs / "slack%3AC042%3A1732950000.1234", runs / CHAT_ID)  # as it was left
+    fleet.drop(CHAT_ID, text="Another question under the same id")
+    done = fleet.run("--agent-user", user.pw_name)
+    assert done.returncode == 0, done.stderr
+    assert len(fleet.events("start")) == 1 and len(fleet.outbox()) == 1
+    [notice] = fleet.notices()
+    assert notice["kind"] == "duplicate" and CHAT_ID in notice["reason"]
+    assert (runs / "slack%3AC042%3A1732950000.1234" / "progress.json").is_file()
+    assert not (runs / CHAT_ID).exists()

@@ -574,7 +574,7 @@ class Runner:
                 return "unreadable"
             self._note_unreadable(back, exc)
             return "unreadable"
-        task_dir = self.paths.runs / encode_name(message.id)  # names.py: ":" would split PATH
+        task_dir = self._task_dir(message.id)
         os.makedirs(task_dir, mode=0o700, exist_ok=True)
         try:
             progress = TaskProgress.load(task_dir / "progress.json", message.id, path.name)
@@ -624,6 +624,19 @@ class Runner:
                 self._back_off(task, failures=sum(1 for a in progress.attempts
                                                   if a.get("verdict") == FAILED))
         return self._decide(task, GAVE_UP)
+
+    def _task_dir(self, task: str) -> Path:
+        """``runs/<task>/``, named by the id's encoded form (names.py: a ":" would split the
+        agent's PATH). A directory an older runner named by the id itself (a valid id is one
+        plain name) is moved to it first, so its progress, records and "finished" mark are
+        found: a task under way goes on, a finished id is still a duplicate."""
+        encoded = self.paths.runs / encode_name(task)
+        legacy = self.paths.runs / task
+        if encoded != legacy and not os.path.lexists(encoded) and legacy.is_dir() \
+                and not legacy.is_symlink():
+            os.rename(legacy, encoded)
+            self.log(f"task {task}: its records moved from runs/{task} to {encoded.name}")
+        return encoded
 
     def _open_task(self, message: Message, path: Path, progress: TaskProgress,
                    task_dir: Path) -> _Task | None:
