@@ -24,6 +24,11 @@ GOOD_HOST = "    transport: local\n    root: box\n    agents:\n      w1: {role: 
     ("hosts:\n  \"web1\\n\":\n" + GOOD_HOST, "hosts: value error"),
     ("hosts:\n  h:\n    transport: local\n    root: box\n    agents:\n      \"w1\\n\": {role: worker}\n",
      "value error"),
+    # pydantic's patterns: its regex engine's "$" is the end (a trailing newline is refused).
+    ("hosts:\n  h:\n    transport: local\n    root: box\n    agents:\n"
+     "      w1: {role: worker, user: \"bob\\n\"}\n", "inv.yaml:6: hosts.h.agents.w1.user:"),
+    ("hosts:\n  h:\n" + GOOD_HOST + "    python: \"/usr/bin/python3\\n\"\n",
+     "inv.yaml:7: hosts.h.python:"),
 ])
 def test_bad_inventory(tmp_path, body, expected):
     bp = make_project(tmp_path, {})
