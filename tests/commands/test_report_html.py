@@ -253,9 +253,20 @@ def test_html_leads_with_tonight_and_labels_every_chart(tmp_path):
     unread = tmp_path / "boxes" / "h2" / "state" / "w1" / "ledger.jsonl"
     unread.mkdir(parents=True)  # a directory where the ledger should be: not readable as one
     page = tmp_path / "report.html"
+    md = tmp_path / "report.md"
     run = cli("report", "--history", str(hist), "--now", "2026-12-01T02:00:00Z", "--html",
-              str(page), "--format", "json", inventory=inv, blueprint=bp)
+              str(page), "--markdown", str(md), "--format", "json", inventory=inv, blueprint=bp)
     assert run.code == 1, run.stdout + run.stderr
+    # The Markdown and the text say the same, in the same order.
+    summary = md.read_text().replace("\\", "")
+    assert summary.index("### Not checked") < summary.index("### New tonight: 1 finding(s)") \
+        < summary.index("### Agents that gave up or wait on a person: 1") \
+        < summary.index("Persisting: 3 finding(s)")
+    assert "h2/w1: ledger not read (unreadable)" in summary
+    text = cli("report", "--now", "2026-12-01T02:00:00Z", "--quiet", inventory=inv,
+               blueprint=bp).stdout
+    assert "needs a person: h1/w1 (worker): last task t7 gave-up" in text
+    assert "not checked: h2/w1: ledger not read (unreadable)" in text
     new_id = key("drift", "h2", "hand-patch", "runner/b.txt")
     # Persisting: a.txt, and each agent's no-own-user (local demo agents have no user).
     old_ids = {key("drift", "h1", "hand-patch", "runner/a.txt"),

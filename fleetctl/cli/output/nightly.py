@@ -110,6 +110,41 @@ def not_checked(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
     return out
 
 
+def runners_not_read(doc: dict[str, Any]) -> list[str]:
+    """One line per runner record or ledger that could not be read tonight (plain text)."""
+    runners = doc.get("runners") or {}
+    lines = [f"{e['host']}{'/' + e['agent'] if e.get('agent') else ''}: runner records not "
+             f"read: {e['error']}" for e in runners.get("errors") or []]
+    lines += [f"{a['host']}/{a['agent']}: ledger not read ({a['status']}): "
+              f"{a.get('error') or ''}" for a in doc.get("agents") or []
+              if a["status"] not in ("ok", "missing")]
+    return [printable(line) for line in lines]
+
+
+def waiting_on_people(doc: dict[str, Any]) -> list[str] | None:
+    """One line per agent that gave up or waits on a person, or ``None`` when the runners'
+    records were not read (``--no-ledgers``, or a night kept before they were): not known."""
+    runners = doc.get("runners") or {}
+    if not runners.get("read"):
+        return None
+    return [printable(_attention_text(a)) for a in runners.get("attention") or []]
+
+
+def _attention_text(a: dict[str, Any]) -> str:
+    """One agent that needs a person, for people."""
+    what = []
+    if a.get("last_task") and a.get("outcome") in ("gave-up", "denied", "refused"):
+        what.append(f"last task {a['last_task']} {a['outcome']}"
+                    + (f": {a['reason']}" if a.get("reason") else ""))
+    if a.get("escalations_waiting"):
+        what.append(f"{a['escalations_waiting']} escalation(s) waiting for a person"
+                    + "".join(f"; {e.get('kind')} on task {e.get('task')}: {e.get('reason')}"
+                              for e in a.get("escalations") or []))
+    if a.get("standing_denials"):
+        what.append(f"{a['standing_denials']} standing denial(s): no new task starts")
+    return f"{a['host']}/{a['agent']} ({a['role']}): " + "; ".join(what)
+
+
 def headline(doc: dict[str, Any]) -> str:
     """One line: the outcome, counts, and the exit code."""
     s = doc["summary"]
@@ -124,10 +159,12 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
-    """Plain lines for people: the headline, one line per host, the findings under each host.
+    """Plain lines for people: the headline, one line per host, the findings under each host,
+    then the agents that need a person and the runner records not read.
 
-    With ``quiet``, only what needs attention: failing findings, check errors, expired
-    acceptances (nothing at all when the run is clean). Lines are not padded to a width.
+    With ``quiet``, only what needs attention: failing findings, check errors, agents that
+    need a person, records not read, expired acceptances (nothing at all when the run is
+    clean). Lines are not padded to a width.
     """
     lines: list[str] = [] if quiet else [headline(doc)]
     if not quiet and doc.get("source"):
@@ -157,6 +194,12 @@ def to_text(doc: dict[str, Any], quiet: bool = False) -> str:
             lines.append(f"  [{_STATE_MARK[f['state']]}{', FAILS' if f['fails'] else ''}] "
                          f"{f['check']} {f['kind']}: {printable(f['message'])} ({_since(f)})"
                          + (f"; {printable(note)}" if note else ""))
+    waiting = waiting_on_people(doc)
+    lines += [f"needs a person: {line}" for line in waiting or []]
+    lines += [f"not checked: {line}" for line in runners_not_read(doc)]
+    if waiting is None and not quiet:
+        lines.append("agents that gave up or wait on a person: not known (runner records not "
+                     "read)")
     if not quiet and doc.get("allowlist") and doc["allowlist"]["expired"]:
         lines.append(f"allowlist: {len(doc['allowlist']['expired'])} expired entr(y/ies)")
     return "\n".join(lines) + ("\n" if lines else "")
@@ -207,8 +250,8 @@ def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
                 elsewhere: tuple[str, ...] = ()) -> str:
     """A CI job summary that leads with what changed tonight: the headline; a table of hosts ×
     checks (hosts needing attention first); what could not be checked; the findings new
-    tonight (failing first); then, collapsed, the persisting ones and those resolved or not
-    checked tonight.
+    tonight (failing first); the agents that gave up or wait on a person; then, collapsed, the
+    persisting ones and those resolved or not checked tonight.
 
     The result is at most ``budget_bytes`` UTF-8 bytes (default :data:`MARKDOWN_BUDGET_BYTES`,
     half of GitHub's 1 MiB, :data:`MARKDOWN_LIMIT_BYTES`). When it does not fit, each part
@@ -248,6 +291,12 @@ def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
     trouble += [f"- {md_text(name)}: {check} unchecked: {md_text(text)}"
                 for name in {c["host"]: 1 for c in doc["checks"] if c.get("not_checked")}
                 for check, text in not_checked(doc, name)]
+    trouble += [f"- {md_text(line)}" for line in runners_not_read(doc)]
+    waiting = waiting_on_people(doc)
+    people = (["", "### Agents that gave up or wait on a person: not known (runner records "
+               "not read)"] if waiting is None else
+              ["", f"### Agents that gave up or wait on a person: {len(waiting)}", ""]
+              + [f"- {md_text(line)}" for line in waiting] if waiting else [])
 
     def rows(state: tuple[str, ...]) -> list[dict[str, Any]]:
         found = [f for f in doc["findings"] if f["state"] in state]
@@ -266,7 +315,8 @@ def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
     shown_trouble, lost_trouble = _fit(trouble, quarter)
     host_lines, lost_hosts = _fit(_attention_first(doc), max(0, quarter - _size(table_head)),
                                   host_row)
-    left -= _size(shown_trouble + table_head + host_lines)
+    people, lost_people = _fit(people, quarter)
+    left -= _size(shown_trouble + table_head + host_lines + people)
     # Each kind of finding gets room only when every one before it fit: never an old row
     # where a new one was left out.
     new_lines, lost_new = _fit(new, max(0, left - 1024), _md_findings_row)
@@ -288,6 +338,9 @@ def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
                 f"{sum(1 for f in new if f['fails'])} failing", ""]
         if new_lines:
             out += _MD_FINDINGS_HEAD + new_lines
+    out += people
+    if lost_people:
+        out.append(f"- … and {lost_people} more: see the full report")
     for title, found, lines in ((f"Persisting: {len(persisting)} finding(s), "
                                  f"{sum(1 for f in persisting if f['fails'])} failing",
                                  persisting, old_lines),
@@ -609,21 +662,6 @@ def _finding_cells(f: dict[str, Any], history: bool = True) -> str:
             + (f"<td>{_e(_since(f))}</td>" if history else ""))
 
 
-def _attention_text(a: dict[str, Any]) -> str:
-    """One agent that needs a person, for people."""
-    what = []
-    if a.get("last_task") and a.get("outcome") in ("gave-up", "denied", "refused"):
-        what.append(f"last task {a['last_task']} {a['outcome']}"
-                    + (f": {a['reason']}" if a.get("reason") else ""))
-    if a.get("escalations_waiting"):
-        what.append(f"{a['escalations_waiting']} escalation(s) waiting for a person"
-                    + "".join(f"; {e.get('kind')} on task {e.get('task')}: {e.get('reason')}"
-                              for e in a.get("escalations") or []))
-    if a.get("standing_denials"):
-        what.append(f"{a['standing_denials']} standing denial(s): no new task starts")
-    return f"{a['host']}/{a['agent']} ({a['role']}): " + "; ".join(what)
-
-
 def _tonight(doc: dict[str, Any]) -> list[str]:
     """The page's first section: new findings, agents that gave up or wait on a person, and
     what could not be checked."""
@@ -659,11 +697,7 @@ def _tonight(doc: dict[str, Any]) -> list[str]:
                for c in doc["checks"] if c["status"] == "error"]
     trouble += [f"{name}: {check} not checked: {text}" for name in _host_names(doc)
                 for check, text in not_checked(doc, name)]
-    trouble += [f"{e['host']}{'/' + e['agent'] if e.get('agent') else ''}: runner records "
-                f"not read: {e['error']}" for e in runners.get("errors") or []]
-    trouble += [f"{a['host']}/{a['agent']}: ledger not read ({a['status']}): "
-                f"{a.get('error') or ''}" for a in doc.get("agents") or []
-                if a["status"] not in ("ok", "missing")]
+    trouble += runners_not_read(doc)
     if trouble:
         p.append(f'<h3 id="tonight-unchecked">Not checked: {len(trouble)}</h3>'
                  '<ul id="not-checked">' + "".join(f"<li>{_e(t)}</li>" for t in trouble)
