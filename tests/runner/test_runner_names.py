@@ -343,3 +343,17 @@ def test_records_an_older_runner_kept_under_the_id_itself_are_found(real_users, 
     assert notice["kind"] == "duplicate" and CHAT_ID in notice["reason"]
     assert (runs / "slack%3AC042%3A1732950000.1234" / "progress.json").is_file()
     assert not (runs / CHAT_ID).exists()
+
+
+def test_an_id_ending_in_a_newline_is_an_invalid_message_and_the_log_stays_whole(make_fleet):
+    """It passed the documented id pattern (``re.match`` and ``$``), was run, and its newline
+    split the runner's log lines."""
+    fleet = make_fleet("replier")
+    fleet.drop("n1", raw=json.dumps({"id": "t1\n", "from": {"kind": "human", "name": "alice"},
+                                     "channel": "#support", "text": "hi"}).encode())
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert fleet.events("start") == [] and fleet.where("n1") == ["failed"]
+    [notice] = fleet.notices()
+    assert notice["kind"] == "invalid" and "id: required" in notice["reason"]
+    assert done.stderr and all(ln.startswith("fleet-runner") for ln in done.stderr.splitlines())
