@@ -183,6 +183,10 @@ def test_unreachable_and_timed_out_hosts_say_not_checked_in_every_format(tmp_pat
                   str(out / "r.md"), "--junit", str(out / "r.xml"), "--html",
                   str(out / "r.html"), "--no-ledgers", "--timeout", "3", inventory=inv,
                   blueprint=bp)
+        # With the runners' records read: the two hosts' ledgers and records are "not read",
+        # never "no turns" or "nobody waits".
+        read = cli("report", "--format", "json", "--markdown", str(out / "r2.md"), "--timeout",
+                   "3", inventory=inv, blueprint=bp)
     finally:
         mute.close()
     assert run.code == 2, run.stdout + run.stderr
@@ -208,3 +212,16 @@ def test_unreachable_and_timed_out_hosts_say_not_checked_in_every_format(tmp_pat
         assert "not checked" in case.result[0].message
         cls, shown, title = cells[(host, "tokens")]
         assert "error" in cls.split() and shown == "ERROR" and "not checked" in title
+        for check in ("drift", "creds"):
+            assert checks[(host, check)]["status"] == "error" and checks[(host, check)]["error"]
+            assert cases[(check, host)].is_passed is False
+    assert read.code == 2, read.stdout + read.stderr
+    runners = read.doc["runners"]
+    assert {e["host"] for e in runners["errors"]} == {"down", "mute"}
+    ledgers = {(a["host"], a["status"]) for a in read.doc["agents"]}
+    assert ledgers == {("h1", "missing"), ("down", "host-error"), ("mute", "host-error")}
+    summary = (out / "r2.md").read_text()
+    for host in ("down", "mute"):
+        assert f"- {host}: runner records not read: " in summary
+        assert f"- {host}/w1: ledger not read (host-error)" in summary
+    assert "### Agents that gave up or wait on a person" not in summary  # none of those read
