@@ -138,7 +138,10 @@ class CheckResult:
 
     ``not_checked``: the parts of a check that otherwise ran which could not be checked, one
     line each with its reason (a grant whose secret the run did not have); the check is then
-    never shown as plainly ``ok`` or as a passing test case.
+    never shown as plainly ``ok`` or as a passing test case. ``unchecked_subjects``: the
+    finding subjects those parts cover (the grant's credential paths for drift,
+    ``AGENT/CAPABILITY`` for the credentials audit): last night's findings on them are carried
+    as ``unchecked``, never ``resolved`` (not part of the document).
     """
 
     host: str
@@ -147,6 +150,7 @@ class CheckResult:
     error: str | None = None
     hint: str | None = None
     not_checked: list[str] = field(default_factory=list)
+    unchecked_subjects: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "check": self.check, "status": self.status,
@@ -174,7 +178,7 @@ def settle_checks(checks: list[CheckResult]) -> list[CheckResult]:
             c = CheckResult(c.host, c.check, "error",
                             "not checked: the host could not be read (drift: "
                             f"{down.error or 'error'}), so what its agents run is not known",
-                            down.hint, list(c.not_checked))
+                            down.hint, list(c.not_checked), list(c.unchecked_subjects))
         out.append(c)
     return out
 
@@ -473,7 +477,9 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
         checks.append(CheckResult(r.host, "drift", "error" if error else
                                   ("findings" if found else "ok"), message, r.hint,
                                   [unchecked_grant_text(u.to_json())
-                                   for u in getattr(r, "unchecked", [])]))
+                                   for u in getattr(r, "unchecked", [])],
+                                  [escape_name(p)[0] for u in getattr(r, "unchecked", [])
+                                   for p in u.paths]))
     for a in creds.hosts:
         found = creds_findings(a)
         findings[a.host] += found
@@ -484,7 +490,8 @@ def collect(blueprint: Any, inventory: Any, hosts: list[Any], source: Any, paral
                 show_name(p) for p, _ in a.unreadable[:5])
         checks.append(CheckResult(a.host, "creds", "error" if error else
                                   ("findings" if found else "ok"), message, a.hint,
-                                  [printable(k.describe()) for k in a.skipped]))
+                                  [printable(k.describe()) for k in a.skipped],
+                                  [f"{k.agent}/{k.capability}" for k in a.skipped]))
     checks = settle_checks(checks + _tokens_checks(blueprint, inventory, hosts, findings))
     order = {c: i for i, c in enumerate(CHECKS)}
     checks.sort(key=lambda c: ([h.name for h in hosts].index(c.host), order[c.check]))
@@ -760,13 +767,14 @@ def judge(report: NightlyReport, previous: dict[str, Any] | None,
                     break
                 f.expired = f.expired or entry.to_json()
         f.fails = fail_on.fails(f)
-    ran = {(c.host, c.check) for c in report.checks if c.status in ("ok", "findings")}
+    ran = {(c.host, c.check): set(c.unchecked_subjects) for c in report.checks
+           if c.status in ("ok", "findings")}
     for key, old in prev.items():
         check, host, kind, subject = key
         gone = Finding(check, host, kind, subject, old.get("message", ""),
                        old.get("severity", "medium"), old.get("detail") or {},
                        since=old.get("since"), nights=int(old.get("nights") or 1))
-        if (host, check) in ran:
+        if (host, check) in ran and subject not in ran[(host, check)]:
             gone.state = "resolved"
         else:  # not checked tonight: its history is kept, and it neither fails nor resolves
             gone.state = "unchecked"

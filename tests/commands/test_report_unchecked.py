@@ -29,6 +29,7 @@ from junitparser import Error, JUnitXml, Skipped
 
 from fleetctl import nightly
 from fleetctl.cli.output import nightly as render
+from tests.commands.test_credentials import host_root  # noqa: F401 - the secrets fixture
 from tests.commands.test_report import make_fleet, md_cells
 from tests.helpers import cli
 
@@ -225,3 +226,47 @@ def test_unreachable_and_timed_out_hosts_say_not_checked_in_every_format(tmp_pat
         assert f"- {host}: runner records not read: " in summary
         assert f"- {host}/w1: ledger not read (host-error)" in summary
     assert "### Agents that gave up or wait on a person" not in summary  # none of those read
+
+
+def test_a_finding_on_a_part_not_checked_tonight_is_not_resolved():
+    """Last night two drift findings on h0; tonight drift ran but could not check one
+    credential file (its grant's secret missing): that finding is carried as unchecked, the
+    other, checked and gone, is resolved."""
+    before = [{"check": "drift", "host": "h0", "kind": "pending", "subject": s,
+               "message": "old", "state": "new", "since": PREVIOUS, "nights": 1}
+              for s in ("credentials/a/tok.env", "runner/a.txt")]
+    report = nightly.NightlyReport(
+        generated=TONIGHT, source=None, hosts=[],
+        checks=[nightly.CheckResult("h0", "drift", "ok", not_checked=["a/tok: TOK_A missing"],
+                                    unchecked_subjects=["credentials/a/tok.env"])],
+        findings=[])
+    nightly.judge(report, {"generated": PREVIOUS, "findings": before}, None,
+                  nightly.parse_fail_on("all"))
+    assert {f.subject: f.state for f in report.resolved} == {
+        "credentials/a/tok.env": "unchecked", "runner/a.txt": "resolved"}
+
+
+def test_a_rotated_secret_not_available_tonight_is_not_resolved(tmp_path, host_root,
+                                                                real_users, monkeypatch):
+    """Night 1: a grant's secret rotated since the ship, a pending finding on its credential
+    file. Night 2: CI lacks that secret: the file is compared with the shipped record only,
+    so the finding is unchecked (carried, seen since night 1), never resolved."""
+    from tests.commands.test_credentials import Fleet, tok
+
+    fleet = Fleet(tmp_path, host_root, real_users, monkeypatch)
+    fleet.secret("TOK_A")
+    fleet.configure(grants_a=tok("TOK_A"))
+    assert fleet.run("ship", "--yes").code == 0
+    fleet.secret("TOK_A")  # rotated: the blueprint now renders other bytes
+    hist = tmp_path / "history"
+    args = ("report", "--format", "json", "--no-ledgers", "--fail-on", "drift", "--history",
+            str(hist))
+    first = fleet.run(*args, "--now", PREVIOUS)
+    assert [(f["subject"], f["state"]) for f in first.doc["findings"]
+            if f["check"] == "drift"] == [("credentials/a/tok.env", "new")]
+    monkeypatch.delenv("TOK_A")
+    second = fleet.run(*args, "--now", TONIGHT)
+    drift = [(f["subject"], f["state"], f["since"], f["fails"]) for f in second.doc["findings"]
+             if f["check"] == "drift"]
+    assert drift == [("credentials/a/tok.env", "unchecked", PREVIOUS, False)]
+    assert second.doc["summary"]["resolved"] == 0
