@@ -391,7 +391,8 @@ class SshTransport(Transport):
             return None
         login = (self._conn.user if self._conn is not None else host.user) or "LOGIN"
         where = f"{login}@{host.address}{':' + str(host.port) if host.port else ''}"
-        return sudo_refusal(self.probe, host.name, login, where, self._argv)
+        return sudo_refusal(self.probe, host.name, login, where, self._argv,
+                            budget_s=host.timeout_s or 30.0)
 
     def close(self) -> None:
         if self._conn is not None:

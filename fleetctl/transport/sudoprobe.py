@@ -33,6 +33,7 @@ fleetctl was going to run, with a program that does nothing but print.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ class SudoProbes:
     """What the probes found (``None``: not asked, or no answer).
 
     Attributes:
+        answered: the first probe answered in time (when it did not, nothing is known).
         sudo_path: where ``command -v sudo`` found sudo on the login's PATH; ``None``: nowhere.
         login_path: the login's PATH (asked only when sudo was not found).
         lists: ``sudo -n -l`` succeeded without a terminal.
@@ -66,6 +68,7 @@ class SudoProbes:
         said: the last line sudo wrote to stderr in the first probe that failed (for people).
     """
 
+    answered: bool = True
     sudo_path: str | None = None
     login_path: str | None = None
     lists: bool | None = None
@@ -93,6 +96,12 @@ def _last_line(result: ProbeResult) -> str:
     """The last line of a probe's stdout: what the command printed, after anything the login's
     shell start-up files printed before it (noise)."""
     return result.stdout.decode("utf-8", "replace").rstrip("\n").rpartition("\n")[2]
+
+
+def _printed(result: ProbeResult, token: str) -> bool | None:
+    """Whether the run printed ``token`` (only a real run of the program can); ``None`` when it
+    did not end in time."""
+    return None if result.status is None else token.encode() in result.stdout
 
 
 def _path_of(result: ProbeResult) -> str | None:
@@ -124,7 +133,10 @@ def run_probes(probe: Prober, argv: list[str]) -> SudoProbes:
         return result
 
     sudo = ["env", "LC_ALL=C", "sudo", "-n"]
-    sudo_path = _path_of(probe(_command_v("sudo")))
+    looked = probe(_command_v("sudo"))
+    if looked.status is None:  # no answer in time: nothing can be said
+        return SudoProbes(answered=False)
+    sudo_path = _path_of(looked)
     if sudo_path is None:
         where = probe(["/bin/sh", "-c", 'printf "%s\\n" "$PATH"'])
         return SudoProbes(login_path=_last_line(where) if where.status == 0 else None)
@@ -136,16 +148,16 @@ def run_probes(probe: Prober, argv: list[str]) -> SudoProbes:
                .encode())
     empty_run = b"%d\n%s" % (len(program), program)
     # The login itself runs the very command, without sudo.
-    python_ok = token.encode() in probe(argv, stdin=empty_run).stdout
+    python_ok = _printed(probe(argv, stdin=empty_run), token)
     python_found = None
     if not python_ok:
         found = _path_of(probe(_command_v(argv[0].rsplit("/", 1)[-1])))
-        if found and found != argv[0] and token.encode() in probe(
-                [found, *argv[1:]], stdin=empty_run).stdout:
+        if found and found != argv[0] and _printed(probe([found, *argv[1:]], stdin=empty_run),
+                                                   token):
             python_found = found
     runs = None
     if lists and allows and python_ok:
-        runs = token.encode() in note(probe([*sudo, "--", *argv], stdin=empty_run)).stdout
+        runs = _printed(note(probe([*sudo, "--", *argv], stdin=empty_run)), token)
     return SudoProbes(sudo_path=sudo_path, lists=lists, lists_tty=lists_tty, allows=allows,
                       python_ok=python_ok, python_found=python_found, runs=runs, said=said)
 
@@ -166,6 +178,8 @@ def decide(found: SudoProbes, login: str, argv: list[str]) -> SudoRefusal | None
     entry = sudoers_entry(login, argv)
     add = (f"add this line to {SUDOERS_FILE} on the host (edit with visudo -f {SUDOERS_FILE}, "
            f"mode 0440): {entry}")
+    if not found.answered:
+        return None
     if found.sudo_path is None:
         path = f" (PATH={found.login_path})" if found.login_path is not None else ""
         return SudoRefusal(
@@ -173,7 +187,7 @@ def decide(found: SudoProbes, login: str, argv: list[str]) -> SudoRefusal | None
             f"install sudo on the host (or put it on {login}'s PATH), then {add}")
     if found.runs:  # sudo ran this very command without a password: not what stopped it
         return None
-    if found.python_ok is False and not found.allows:
+    if found.python_ok is False and found.allows is False:
         if found.python_found:
             moved = [found.python_found, *argv[1:]]
             return SudoRefusal(
@@ -211,8 +225,21 @@ def decide(found: SudoProbes, login: str, argv: list[str]) -> SudoRefusal | None
     return None
 
 
-def sudo_refusal(probe: Prober, label: str, login: str, where: str,
-                 argv: list[str]) -> PermissionDenied | None:
+def _within(probe: Prober, budget_s: float) -> Prober:
+    """``probe`` that answers ``None`` (no answer) once ``budget_s`` seconds have passed, so
+    the probes together take about one timeout, not one each."""
+    deadline = time.monotonic() + budget_s
+
+    def bounded(argv: list[str], tty: bool = False, stdin: bytes = b"") -> ProbeResult:
+        if time.monotonic() >= deadline:
+            return ProbeResult(None)
+        return probe(argv, tty=tty, stdin=stdin)
+
+    return bounded
+
+
+def sudo_refusal(probe: Prober, label: str, login: str, where: str, argv: list[str],
+                 budget_s: float = 30.0) -> PermissionDenied | None:
     """Probe (:func:`run_probes`), decide (:func:`decide`) and word the error.
 
     Args:
@@ -221,12 +248,14 @@ def sudo_refusal(probe: Prober, label: str, login: str, where: str,
         login: the login sudo ran for.
         where: ``LOGIN@ADDRESS:PORT`` (or the login alone for a local host).
         argv: the command fleetctl gave sudo.
+        budget_s: seconds the probes may take together (no probe starts after that; each
+            is bounded by the transport's own timeout).
 
     Returns:
         The error naming the host, the login, what sudo wanted and the exact fix; ``None``
         when sudo is not what stopped the program.
     """
-    found = run_probes(probe, argv)
+    found = run_probes(_within(probe, budget_s), argv)
     refusal = decide(found, login, argv)
     if refusal is None:
         return None

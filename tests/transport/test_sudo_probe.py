@@ -335,7 +335,7 @@ def test_an_interpreter_that_breaks_as_it_starts_is_not_blamed_on_sudo(become_ho
 ARGV = ["/usr/bin/python3", "-c", "import sys"]
 maybe = st.sampled_from([None, True, False])
 paths = st.sampled_from([None, "/usr/bin/sudo", "/opt/x/bin/python3"])
-probes = st.builds(SudoProbes, sudo_path=paths, login_path=st.sampled_from([None, "/bin"]),
+probes = st.builds(SudoProbes, answered=st.booleans(), sudo_path=paths, login_path=st.sampled_from([None, "/bin"]),
                    lists=maybe, lists_tty=maybe, allows=maybe, python_ok=maybe,
                    python_found=paths, runs=maybe, said=st.text(max_size=40))
 
@@ -358,3 +358,31 @@ def test_every_verdict_carries_an_exact_fix_and_none_when_sudo_ran_it(found):
     fixes = ("deploy ALL=(root) NOPASSWD: ", "Defaults:deploy !requiretty", "set python: /",
              "install Python 3.8")
     assert any(fix in refusal.fix for fix in fixes), refusal
+    assert found.answered
+
+
+@pytest.mark.parametrize("silent_from", range(8))
+def test_probes_that_do_not_answer_in_time_never_make_a_verdict_up(silent_from):
+    """A host whose probes stop answering (a sudo slow only sometimes) from the n-th on: the
+    first probe unanswered means no verdict at all (never "sudo is not installed"); later ones
+    unanswered never give a verdict that needs their answer."""
+    from fleetctl.transport.base import ProbeResult
+    from fleetctl.transport.sudoprobe import run_probes
+
+    asked: list[list[str]] = []
+
+    def probe(argv, tty=False, stdin=b""):
+        asked.append(argv)
+        if len(asked) > silent_from:
+            return ProbeResult(None)
+        if argv[0] == "/bin/sh":
+            return ProbeResult(0, b"motd noise\n/usr/bin/sudo\n")
+        return ProbeResult(0, stdin)  # every sudo question answered yes; runs echo the token
+
+    found = run_probes(probe, ARGV)
+    verdict = decide(found, "deploy", ARGV)
+    if silent_from == 0:
+        assert not found.answered and verdict is None
+    else:
+        assert found.sudo_path == "/usr/bin/sudo"  # the last line, after the noise
+        assert verdict is None, verdict
