@@ -28,6 +28,7 @@ never run.
 from __future__ import annotations
 
 import ast
+import atexit
 import os
 import py_compile
 import shutil
@@ -41,6 +42,37 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER_PACKAGE = REPO / "blueprint" / "runner" / "fleet_runner"
+
+
+def reachable_copy(relative: str) -> Path:
+    """A copy of the checkout's ``relative`` directory that every user can reach and read.
+
+    The two-user tests run the fake agents, the checkers and the skills' CLIs as unprivileged
+    accounts. A checkout may sit where only root can enter (under a 0700 home, in a
+    ``mktemp -d``, cloned with umask 077); changing the user's own directories to let the
+    agents in would be done behind their back. So these run from a copy in a temporary
+    directory of this process (0755, files made readable and directories traversable by all),
+    one per directory and process, removed when the process exits.
+    """
+    global _REACHABLE
+    if _REACHABLE is None:
+        _REACHABLE = Path(tempfile.mkdtemp(prefix="fleetctl-reachable-"))
+        os.chmod(_REACHABLE, 0o755)
+        atexit.register(shutil.rmtree, _REACHABLE, True)
+    copy = _REACHABLE / relative
+    if not copy.exists():
+        shutil.copytree(REPO / relative, copy, symlinks=True)
+        for path in [copy, *copy.rglob("*")]:
+            if not path.is_symlink():
+                mode = path.stat().st_mode
+                # Everyone reads what the owner reads, executes what the owner executes.
+                os.chmod(path, mode | ((mode & 0o500) >> 3) | ((mode & 0o500) >> 6))
+        for parent in copy.relative_to(_REACHABLE).parents:
+            os.chmod(_REACHABLE / parent, 0o755)
+    return copy
+
+
+_REACHABLE: Path | None = None
 _SESSION: dict[str, object] = {}  # "prefix": Path, "runner_pycs": {module file name: bytes}
 
 

@@ -27,10 +27,10 @@ from fleetctl.blueprint import load_blueprint
 from fleetctl.inventory import load_inventory
 from fleetctl.render import render_host, write_tree
 from tests.helpers import WAIT_S, wait_until
-from tests.runner_python import precompile_runner
+from tests.runner_python import precompile_runner, reachable_copy
 
 REPO = Path(__file__).resolve().parents[2]
-FAKES = REPO / "tests" / "fake_agents"
+FAKES = reachable_copy("tests/fake_agents")  # run as the agents' users too
 AGENT = "a1"
 ROLE_PROMPT = "You are a test agent. Do the task in the workspace.\n"
 FIRST_TIMEOUT_S = 1.0

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import WAIT_S
+from tests.runner_python import reachable_copy
 from tests.runner.test_runner import make_fleet  # noqa: F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
-SKILLS = REPO / "blueprint" / "skills"
-FAKE_BIN = REPO / "tests" / "fake_agents" / "bin"
+SKILLS = reachable_copy("blueprint/skills")  # run as the agents' users too
+FAKE_BIN = reachable_copy("tests/fake_agents") / "bin"
 TOKEN = "ghs_" + "S3cr3tT0k3n" * 3
 
 
