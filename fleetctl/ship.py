@@ -546,12 +546,8 @@ def _run_phases(ships: list[HostShip], options: ShipOptions, parallel: int) -> N
         if locked:
             _each([s for s in ships if s._phase == "locked"], HostShip.plan, parallel)
 
-        def blocks(s: HostShip) -> bool:
-            skipped = options.skip_unreachable and s.result.status == "error" and \
-                s.result.step == "connect"
-            return not _active(s) and not skipped
-
-        ok = locked and not any(blocks(s) for s in ships) and any(_active(s) for s in ships)
+        ok = locked and not any(stops_fleet(s.result, options.skip_unreachable) for s in ships) \
+            and any(_active(s) for s in ships)
         ok = ok and _each(ships, HostShip.prepare, parallel)
         if ok:
             _each(ships, HostShip.commit, parallel)
@@ -578,24 +574,40 @@ def _same_root(failed: HostShip, ships: list[HostShip]) -> None:
     failed.result.hint = f"check the address, port and root of {failed.host.name!r}"
 
 
-def _hold_back(ships: list[HostShip]) -> None:
-    """Say why the hosts that could ship did not: which hosts stopped the fleet."""
-    failed = [s.host.name for s in ships if s.result.status in ("refused", "error", "incomplete")
-              and s.result.step != HELD_BACK]
+def stops_fleet(result: HostResult, skip_unreachable: bool) -> bool:
+    """Whether a host's result (of a plan or a ship) stops the whole fleet, which ships all or
+    nothing: anything but a host that can ship (or has nothing to ship), unless it is a host
+    that could not be connected to and ``skip_unreachable`` leaves it out."""
+    if result.status in ("planning", "ready", "no-op", "dry-run"):
+        return False
+    return not (skip_unreachable and result.status == "error" and result.step == "connect")
+
+
+def hold_back(results: list[HostResult], could_ship: Callable[[HostResult], bool]) -> None:
+    """Say why the hosts that could ship (``could_ship``) did not: which hosts stopped the
+    fleet. Each becomes ``refused`` at step ``held-back``, naming them, with nothing sent."""
+    failed = [r.host for r in results if r.status in ("refused", "error", "incomplete")
+              and r.step != HELD_BACK]
     hint = "fix {names} (see their errors) and ship again"
-    if any(s.result.step == "connect" for s in ships):
+    if any(r.step == "connect" for r in results):
         hint += "; --skip-unreachable ships the hosts that can be reached"
     names = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
-    for s in ships:
-        if s.result.status in ("planning", "ready") or (
-                s.result.status == "no-op" and s._command is not None):
-            s.result.status = "refused"
-            s.result.step = HELD_BACK
-            s.result.release = s.result.previous
-            s.result.sent_bytes = s.result.sent_files = 0
-            s.result.error = (f"not shipped: a fleet ships all or nothing, and {names} could "
-                              "not be shipped; nothing was written")
-            s.result.hint = hint.format(names=names)
+    for r in results:
+        if could_ship(r):
+            r.status = "refused"
+            r.step = HELD_BACK
+            r.release = r.previous
+            r.sent_bytes = r.sent_files = 0
+            r.error = (f"not shipped: a fleet ships all or nothing, and {names} could "
+                       "not be shipped; nothing was written")
+            r.hint = hint.format(names=names)
+
+
+def _hold_back(ships: list[HostShip]) -> None:
+    """:func:`hold_back` for the hosts of a ship that were ready, or had units to write."""
+    commanded = {id(s.result) for s in ships if s._command is not None}
+    hold_back([s.result for s in ships], lambda r: r.status in ("planning", "ready") or (
+        r.status == "no-op" and id(r) in commanded))
 
 
 def _active(ship: HostShip) -> bool:

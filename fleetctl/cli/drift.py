@@ -34,7 +34,16 @@ from fleetctl.errors import EXIT_REFUSED, InputError, worst_exit
 from fleetctl.names import tree_path
 from fleetctl.render import render_host, write_tree
 from fleetctl.results import HostResult
-from fleetctl.ship import ShipOptions, drift_host, plan_host, run_hosts, ship_fleet, source_refusal
+from fleetctl.ship import (
+    ShipOptions,
+    drift_host,
+    hold_back,
+    plan_host,
+    run_hosts,
+    ship_fleet,
+    source_refusal,
+    stops_fleet,
+)
 from fleetctl.source import SourceState
 
 QuietOpt = typer.Option(False, "--quiet", "-q",
@@ -153,6 +162,17 @@ def ship_command(
         if not yes and sys.stdin.isatty() and err.is_terminal:
             plans = with_progress(lambda p: run_hosts(
                 selected, lambda h: plan_host(bp, h, options, source, p, diff), parallel, p))
+            stoppers = [p.host for p in plans if stops_fleet(p, skip_unreachable)]
+            if stoppers:
+                # The fleet ships all or nothing: never ask to ship what would be refused.
+                hold_back(plans, lambda p: p.status == "dry-run" or (
+                    p.status == "no-op" and p.services is not None))
+                print_text(err, plans, "ship plan", all_paths=all_paths)
+                err.print(f"refused: {', '.join(stoppers)} cannot be shipped, and a fleet ships "
+                          "all or nothing; nothing was asked or written", markup=False,
+                          highlight=False, soft_wrap=True)
+                return _report(plans, "ship", fmt, target, debug, source, quiet, all_paths) \
+                    if fmt is not Format.text else worst_exit([p.exit_code for p in plans])
             print_text(err, plans, "ship plan", all_paths=all_paths)
             # Changes to confirm: a new release, or runner unit files to write or remove. A
             # systemd host with neither is still shipped (its units enabled and started, which

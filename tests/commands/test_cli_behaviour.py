@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.names import escape_name, unescape_name
-from tests.helpers import cli, local_host, make_project, snapshot, write_inventory
+from tests.helpers import cli, git, local_host, make_project, snapshot, write_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,6 +84,30 @@ def test_ship_asks_on_a_terminal(tmp_path, answer, code):
         assert not root.exists()
     else:
         assert (root / "current" / "runner" / "a").read_bytes() == b"a\n"
+
+
+def test_ship_never_asks_to_ship_what_the_all_or_nothing_rule_refuses(tmp_path):
+    """Two hosts shipped, then a blueprint change for both and a hand-patch on one: on a
+    terminal, without ``--yes``, ship shows the plan, says the patched host stops the fleet
+    and exits 3 without asking (the other host is held back); nothing is written on either.
+    Before: it asked "Ship 2 change(s) to 1 host(s)?" and a "y" was then refused."""
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    inv = write_inventory(tmp_path / "inv.yaml", {"h1": local_host(tmp_path / "b1"),
+                                                  "h2": local_host(tmp_path / "b2")})
+    assert cli("ship", "--yes", inventory=inv, blueprint=bp).code == 0
+    (bp / "runner" / "a").write_text("a, second\n")
+    git(tmp_path, "commit", "-qam", "second")
+    (tmp_path / "b2" / "current" / "runner" / "a").write_text("patched on h2\n")
+    before = {name: snapshot(tmp_path / name) for name in ("b1", "b2")}
+    exe = str(Path(sys.executable).parent / "fleetctl")
+    status, out = _run_in_pty([exe, "ship", "--inventory", str(inv), "--blueprint", str(bp)],
+                              b"y", tmp_path)
+    text = out.decode(errors="replace")
+    assert b"[y/N]" not in out, text
+    assert status == 3, text
+    assert "refused: h2 cannot be shipped, and a fleet ships all or nothing" in text, text
+    assert "h1: refused [stopped at held-back]" in text, text
+    assert {name: snapshot(tmp_path / name) for name in ("b1", "b2")} == before
 
 
 def test_no_question_without_a_terminal(tmp_path):
