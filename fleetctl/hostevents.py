@@ -19,7 +19,7 @@ from typing import Any
 from fleetctl import protocol as p
 from fleetctl.errors import HostError, PermissionDenied, ShipRefused
 from fleetctl.manifest import Entry
-from fleetctl.names import valid_tree_path
+from fleetctl.names import printable, valid_tree_path
 
 
 class BadEvent(ValueError):
@@ -153,15 +153,26 @@ def decode_event(line: bytes) -> HostEvent | dict[str, Any]:
 
 
 def error_from_event(label: str, event: dict[str, Any]) -> Exception:
-    """Map a host-side error event to the exception type the CLI turns into an exit code."""
+    """Map a host-side error event to the exception type the CLI turns into an exit code.
+
+    An event's ``items`` (``[[path, what], ...]``: every path the error is about) follow the
+    message one a line, each name escaped (``printable``), so none can pass for another line.
+    """
     kind = event.get("kind")
     where = f" ({event['path']})" if event.get("path") else ""
     message = f"{label}: {event.get('step')}: {event.get('message')}{where}"
+    if kind == p.KIND_PERMISSION:
+        message += "; stopped, nothing was retried"
+    items = event.get("items")
+    if isinstance(items, list):
+        message += "".join(f"\n  {printable(str(item[0]))}: {printable(str(item[1]))}"
+                           if isinstance(item, list) and len(item) == 2
+                           else f"\n  {printable(str(item))}" for item in items)
     if kind in p.REFUSALS:
         return ShipRefused(message, step=event.get("step"))
     if kind == p.KIND_PERMISSION:
-        return PermissionDenied(message + "; stopped, nothing was retried",
-                                hint="the previous release is still in use", step=event.get("step"))
+        return PermissionDenied(message, hint="the previous release is still in use",
+                                step=event.get("step"))
     return HostError(message, hint="the previous release is still in use"
                      if event.get("step") not in (None, "scan", "lock") else None,
                      step=event.get("step"))

@@ -40,12 +40,14 @@ class PlanOptions:
         renamed_from: the identity the host recorded before a deliberate rename.
         approved: the plan digest the user confirmed for this host, or ``None`` if none was
             asked for.
+        confirmed: the changes of that confirmed plan, so a refusal can name what differs.
     """
 
     force: bool = False
     force_paths: tuple[str, ...] = ()
     renamed_from: str | None = None
     approved: str | None = None
+    confirmed: tuple[Change, ...] = ()
 
     def forces(self, path: str) -> bool:
         """Whether ``path`` may be overwritten although it was changed on the host."""
@@ -115,6 +117,22 @@ def plan_digest(changes: list[Change] | tuple[Change, ...], desired: Manifest,
     return sha256_digest(body.encode("ascii"))
 
 
+def paths_that_differ(confirmed: Sequence[Change], now: Sequence[Change]) -> list[str]:
+    """The paths whose planned changes (kind, origin, live and desired attributes) differ
+    between a confirmed plan of one host and its plan now, sorted."""
+
+    def by_path(changes: Sequence[Change]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for c in changes:
+            out.setdefault(c.path, []).append(json.dumps(
+                [c.change, c.origin, c.live and c.live.to_json(),
+                 c.desired and c.desired.to_json()], sort_keys=True))
+        return {path: sorted(keys) for path, keys in out.items()}
+
+    before, after = by_path(confirmed), by_path(now)
+    return sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+
+
 def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Change],
               found: Ancestry, accounts: list[str], options: PlanOptions,
               account_stops: Sequence[str] = ()) -> ShipPlan:
@@ -174,8 +192,12 @@ def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Cha
                         f"{found.describe()}", hint=_stale_hint(found),
                         **common)
     if options.approved is not None and options.approved != common["digest"]:
+        differ = paths_that_differ(options.confirmed, changes)
+        what = (f": {len(differ)} path(s) differ from the confirmed plan" + "".join(
+            f"\n  {printable(path)}" for path in differ)) if differ else \
+            " (the release in use or the desired tree is not the one confirmed)"
         return ShipPlan(host.name, REFUSED, step="plan", reason="the host changed after the "
-                        "plan was confirmed; nothing was shipped",
+                        f"plan was confirmed; nothing was shipped{what}",
                         hint="run ship again to see the new plan", **common)
     if no_op:
         return ShipPlan(host.name, NO_OP, **common)

@@ -132,6 +132,8 @@ class ShipOptions:
         dry_run: plan only; take no lock and write nothing.
         approved: host → plan digest the user confirmed; a host whose plan is now different
             is refused rather than shipped unseen. ``None``: no confirmation was asked.
+        confirmed: host → the changes of that confirmed plan (the refusal names the paths
+            that differ).
         allow_dirty: ship a source that is not exactly a commit; recorded in the release.
         renamed_from: the identity the (single) selected host recorded before a deliberate
             rename; the ship records the inventory's name instead.
@@ -145,6 +147,7 @@ class ShipOptions:
     force: bool = False
     dry_run: bool = False
     approved: dict[str, str] | None = None
+    confirmed: dict[str, tuple[Change, ...]] | None = None
     allow_dirty: bool = False
     renamed_from: str | None = None
     skip_unreachable: bool = False
@@ -155,7 +158,8 @@ class ShipOptions:
         return PlanOptions(force=self.force, force_paths=self.force_paths,
                            renamed_from=self.renamed_from,
                            approved=None if self.approved is None else
-                           self.approved.get(host, ""))
+                           self.approved.get(host, ""),
+                           confirmed=(self.confirmed or {}).get(host, ()))
 
 
 def _release_id(desired: Manifest) -> str:

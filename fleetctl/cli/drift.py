@@ -196,7 +196,8 @@ def ship_command(
                 return _report(plans, "ship", fmt, target, debug, source, quiet, all_paths) \
                     if fmt is not Format.text else EXIT_REFUSED
             options = replace(options, approved={p.host: p.plan_digest for p in plans
-                                                 if p.plan_digest})
+                                                 if p.plan_digest},
+                              confirmed={p.host: tuple(p.changes) for p in plans})
         results = with_progress(lambda p: ship_fleet(bp, selected, options, source,
                                                       parallel, p))
         return _report(results, "ship", fmt, target, debug, source, quiet, all_paths)

@@ -13,6 +13,7 @@ from fleetctl.host.wire import (
     dec,
     enc,
     group_name,
+    owners_refused,
     parse_owner,
     user_name,
     with_path,
@@ -138,6 +139,7 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
             fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             held[entry["path"]] = (fd, None, None, None)  # made here: removed on failure
     staged = []
+    refused = []  # type: list  # (path, owner, OSError): every file whose owner could not be set
     try:
         for entry in (e for e in wanted if e["type"] == "file"):
             full = os.path.join(root, enc(entry["path"]))
@@ -146,7 +148,7 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
             have = live.get(entry["path"])
             if have is not None and have.get("digest") == entry["digest"]:
                 if have.get("mode") != entry["mode"] or have.get("owner") != entry.get("owner"):
-                    fix_file(full, uid, gid, mode, entry["path"])
+                    fix_file(full, uid, gid, mode, entry["path"], refused)
                 continue
             head, name = os.path.split(full)
             tmp = os.path.join(head, temp_name(CREDS_NEW, name, limit=name_max(head)))
@@ -154,7 +156,11 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
             staged.append((tmp, full))
             try:
                 os.fchmod(fd, 0o600 & mode)
-                os.fchown(fd, uid, gid)
+                try:
+                    os.fchown(fd, uid, gid)
+                except OSError as exc:  # named with the others once all were tried
+                    refused.append((entry["path"], entry.get("owner"), exc))
+                    continue
                 data = secrets.get(entry["digest"])
                 if data is None:
                     raise Stop("credentials", "failed", "the content of a credential file was "
@@ -166,6 +172,8 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
                 raise with_path(exc, tmp) from exc
             finally:
                 os.close(fd)
+        if refused:
+            raise owners_refused("credentials", refused, "no credential file was changed")
     except BaseException:
         for tmp, _ in staged:
             try:
@@ -188,15 +196,23 @@ def write_credentials(emit, root, top, wanted, secrets, live_list, held):
         # Given to its agent last: its contents are complete and checked by now.
         try:
             os.fchown(fd, *owner_ids(entry))
+        except OSError as exc:  # every directory is tried; all refused are named below
+            refused.append((path, entry.get("owner"), exc))
+            continue
+        try:
             os.fchmod(fd, int(entry["mode"], 8))
         except OSError as exc:
             raise with_path(exc, os.path.join(root, enc(path))) from exc
         os.close(fd)
         held[path] = (None, 0, 0, 0)
+    if refused:
+        raise owners_refused("credentials", refused, "the new credential files are in place, "
+                             "but these directories could not be given to their agents")
 
 
-def fix_file(full, uid, gid, mode, path):
-    """Owner and mode of a credential file whose content is right, through its own fd."""
+def fix_file(full, uid, gid, mode, path, refused):
+    """Owner and mode of a credential file whose content is right, through its own fd; a
+    refused chown is added to ``refused`` (path, owner, OSError) and the mode still set."""
     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -204,7 +220,11 @@ def fix_file(full, uid, gid, mode, path):
             raise Stop("credentials", "changed", "a credential file is no longer a plain file "
                        "with one link; nothing was switched, run again", path)
         os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
-        os.fchown(fd, uid, gid)
+        try:
+            os.fchown(fd, uid, gid)
+        except OSError as exc:
+            refused.append((path, f"{user_name(uid)}:{group_name(gid)}", exc))
+            return
         os.fchmod(fd, mode)
     except OSError as exc:
         raise with_path(exc, full) from exc

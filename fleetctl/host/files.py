@@ -8,13 +8,15 @@ import os
 from fleetctl.host.wire import CHUNK_BYTES, with_path
 
 
-def write_file(dest, source, owner, mode):
+def write_file(dest, source, owner, mode, owner_refused=None):
     """Create ``dest`` as a copy of the file ``source`` with explicit owner and mode.
 
     Created 0600 from the first byte (O_EXCL, no umask involved), so it is never wider than its
     final mode while content is written; chown before chmod, since chown clears setuid bits.
     The copy is made in the kernel (copy_file_range; a reflink where the filesystem can):
-    always a new inode, never a hard link.
+    always a new inode, never a hard link. With ``owner_refused`` (a callable taking the
+    OSError), a refused chown is passed to it and the file is still completed (its mode set),
+    so a caller can name every file whose owner could not be set, not only the first.
 
     Raises:
         OSError naming ``dest`` (or ``source`` when that cannot be opened), also for the calls
@@ -29,7 +31,12 @@ def write_file(dest, source, owner, mode):
             os.close(src)
         uid, gid = owner
         if uid != -1:
-            os.fchown(fd, uid, gid)
+            try:
+                os.fchown(fd, uid, gid)
+            except OSError as exc:
+                if owner_refused is None:
+                    raise
+                owner_refused(exc)
         os.fchmod(fd, mode)
     except OSError as exc:
         raise with_path(exc, dest) from exc
@@ -175,7 +182,8 @@ def copy_fd(src, dst):
 
 def write_json(final, body, mode):
     """Write ``body`` as JSON to ``final`` (bytes path) with ``mode``: to json_tmp_path(final),
-    fsynced, then renamed over ``final``. OSError names the file that failed."""
+    fsynced, then renamed over ``final``. OSError names ``final`` (the file a person knows),
+    never the temporary name."""
     tmp = json_tmp_path(final)
     if os.path.lexists(tmp):
         os.unlink(tmp)
@@ -186,7 +194,7 @@ def write_json(final, body, mode):
         write_all(fd, data)
         os.fsync(fd)
     except OSError as exc:
-        raise with_path(exc, tmp) from exc
+        raise OSError(exc.errno, exc.strerror, final) from exc
     finally:
         os.close(fd)
     os.rename(tmp, final)

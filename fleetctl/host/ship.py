@@ -61,7 +61,6 @@ from fleetctl.protocol import (
     STEP,
     WARNING,
     is_credential_path,
-    manifest_digest,
 )
 
 
@@ -135,19 +134,37 @@ def _remove_release(emit, root, name, rename):
         return False
 
 
-def unchanged_since_scan(root, scanned, ignore):
+def changed_since_scan(root, scanned, ignore):
     """Re-hash ``current`` under the lock: a hand-patch made during the ship is never lost.
 
     Paths ``.fleetignore`` hides (runtime files such as ``__pycache__/``) may come and go.
+    Returns ``[[path, what], ...]``, sorted by path: every tree path that differs from the scan
+    (``what``: ``changed``, ``added``, ``removed`` or ``unreadable``); empty when none does.
     """
     again = []  # type: list
     problems = []
     walk(os.path.join(root, b"current/"), again.append, lambda rel, exc: problems.append(rel))
 
     def kept(entries):
-        return [e for e in entries if not is_ignored(ignore, e)]
+        return {e["path"]: e for e in entries if not is_ignored(ignore, e)}
 
-    return not problems and manifest_digest(kept(again)) == manifest_digest(kept(scanned))
+    now, before = kept(again), kept(scanned)
+    changed = {dec(p) if isinstance(p, bytes) else p: "unreadable" for p in problems}
+    for path in set(now) | set(before):
+        if path not in before:
+            changed.setdefault(path, "added")
+        elif path not in now:
+            changed.setdefault(path, "removed")
+        elif now[path] != before[path]:
+            changed.setdefault(path, "changed")
+    return [[path, changed[path]] for path in sorted(changed)]
+
+
+def edited(step, changed):
+    """The refusal of a ship whose release in use was edited under it: names every path."""
+    return Stop(step, "changed", f"the current release was edited during the ship "
+                f"({len(changed)} path(s)); nothing was switched, run again to see the "
+                "hand-patch", None, changed)
 
 
 def layout_problem(root, state):
@@ -267,7 +284,11 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
         creds = [e for e in command["desired"] if is_credential_path(e["path"])]
         step = "receive"
         emit({"t": STEP, "name": step})
-        receive_blobs(inp, blob_dir, command["blob_count"])
+        release_dir = os.path.join(releases_dir, release)
+        # A blob that does not fit is named by a tree path it is the content of.
+        shown = {e["digest"]: os.path.join(release_dir, enc(e["path"])) for e in reversed(tree)
+                 if e["type"] == "file" and e["path"] not in command["sources"]}
+        receive_blobs(inp, blob_dir, command["blob_count"], shown)
         # Secrets stay in this process's memory: never in the blob directory, never on disk
         # anywhere but their final file.
         secrets = receive_secrets(inp, command.get("secret_count", 0))
@@ -277,15 +298,15 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
             for account in command["users"]:
                 refuse_superuser(account)
             missing = [a for a in command["users"] if account_missing(a)]
-            if missing and edited_during_ship(root, state, scanned, ignore):
+            changed = edited_during_ship(root, state, scanned, ignore) if missing else []
+            if changed:
                 # A refusal (exit 3) writes nothing: checked before accounts are created.
-                raise Stop(step, "changed", "the current release was edited during the ship; "
-                           "nothing was switched, run again to see the hand-patch")
+                raise edited(step, changed)
             for account in command["users"]:
                 ensure_account(emit, account)
         step = "assemble"
         emit({"t": STEP, "name": step})
-        assemble(stage, tree, command["sources"], blob_dir, current_dir)
+        assemble(stage, tree, command["sources"], blob_dir, current_dir, release_dir)
         step = "verify"
         emit({"t": STEP, "name": step})
         try:
@@ -293,16 +314,16 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
         except Stop:
             # A file copied from the release in use after a person edited it differs from
             # the plan: that is a hand-patch made during the ship, refused like one.
-            if edited_during_ship(root, state, scanned, ignore):
-                raise Stop(step, "changed", "the current release was edited during the ship; "
-                           "nothing was switched, run again to see the hand-patch") from None
+            changed = edited_during_ship(root, state, scanned, ignore)
+            if changed:
+                raise edited(step, changed) from None
             raise
         # One flush of every filesystem instead of an fsync per file (2,000 fsyncs took most
         # of a ship's time): the release must be on disk before it can become current.
         os.sync()
-        if edited_during_ship(root, state, scanned, ignore):
-            raise Stop(step, "changed", "the current release was edited during the ship; "
-                       "nothing was switched, run again to see the hand-patch")
+        changed = edited_during_ship(root, state, scanned, ignore)
+        if changed:
+            raise edited(step, changed)
         # Two-phase across the fleet: this host is ready to switch; the client says commit
         # only once every host it ships is ready, so no host switches while another failed.
         # Until then the release stays a staging directory: a ship killed here leaves only a
@@ -322,10 +343,10 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
         made_release = True
         write_record(root, release, command["desired"], command.get("meta", {}))
         fsync_dir(releases_dir)
-        if edited_during_ship(root, state, scanned, ignore):
+        changed = edited_during_ship(root, state, scanned, ignore)
+        if changed:
             step = "switch"
-            raise Stop(step, "changed", "the current release was edited during the ship; "
-                       "nothing was switched, run again to see the hand-patch")
+            raise edited(step, changed)
         if creds or state.get("_creds"):
             step = "credentials"
             emit({"t": STEP, "name": step})
@@ -394,7 +415,8 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
 
 
 def edited_during_ship(root, state, scanned, ignore):
-    """Whether the release in use changed since the scan (a hand-patch made during the ship)."""
-    return state["current_kind"] in ("symlink", "foreign-symlink") and \
-        not unchanged_since_scan(root, scanned, ignore)
-
+    """What of the release in use changed since the scan (a hand-patch made during the ship):
+    ``[[path, what], ...]`` (see changed_since_scan), empty when nothing did."""
+    if state["current_kind"] not in ("symlink", "foreign-symlink"):
+        return []
+    return changed_since_scan(root, scanned, ignore)

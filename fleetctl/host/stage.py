@@ -23,18 +23,22 @@ from fleetctl.host.wire import (
     Stop,
     dec,
     enc,
+    owners_refused,
     parse_owner,
-    with_path,
 )
 from fleetctl.protocol import is_credential_path
 
 
-def receive_blobs(inp, blob_dir, count):
+def receive_blobs(inp, blob_dir, count, shown=None):
     """Read ``count`` blob frames (``<digest>\\n<size>\\n<bytes>``) into ``blob_dir``.
+
+    ``shown`` maps a digest to the path (bytes) a person knows its content by: the tree path in
+    the release being made. An error writing a blob names that path, not the blob's internal
+    name under ``incoming-<id>/``.
 
     Raises:
         Stop when the input ends early or a blob's digest does not match; OSError naming the
-        blob's file when it cannot be written (a full disk).
+        file the blob is the content of when it cannot be written (a full disk).
     """
     make_dir(blob_dir, 0o700)
     for _ in range(count):
@@ -53,8 +57,9 @@ def receive_blobs(inp, blob_dir, count):
                 h.update(block)
                 try:
                     write_all(fd, block)
-                except OSError as exc:  # a full disk: say where
-                    raise with_path(exc, name) from exc
+                except OSError as exc:  # a full disk: say which file did not fit
+                    raise OSError(exc.errno, exc.strerror,
+                                  (shown or {}).get(digest, name)) from exc
                 left -= len(block)
         finally:
             os.close(fd)
@@ -62,40 +67,74 @@ def receive_blobs(inp, blob_dir, count):
             raise Stop("receive", "failed", "content arrived corrupted (digest mismatch)")
 
 
-def assemble(stage, desired, sources, blob_dir, current_dir):
-    """Build the release in ``stage`` from the desired manifest; modes and owners explicit."""
+def assemble(stage, desired, sources, blob_dir, current_dir, shown_dir=None):
+    """Build the release in ``stage`` from the desired manifest; modes and owners explicit.
+
+    ``shown_dir`` is the directory the release will have once recorded (``releases/<id>``):
+    errors name a path there, the one a person knows, never the staging name. Every entry
+    whose owner cannot be set (no such user or group on the host, a chown refused) is
+    collected while the rest is built, and all are named in one Stop.
+
+    Raises:
+        Stop: owners that could not be set (kind ``permission`` when the login may not give
+            files away); an entry of a type that cannot be shipped.
+        OSError: naming the entry's path under ``shown_dir`` (a full disk).
+    """
+    shown_dir = shown_dir or stage
     make_dir(stage, 0o700)
     dirs = []
+    refused = []  # (tree path, owner, OSError or message)
     for entry in desired:
         rel = enc(entry["path"])
         dest = os.path.join(stage, rel)
-        owner = parse_owner(entry["owner"], "assemble", entry["path"]) \
-            if entry.get("owner") else (-1, -1)
+
+        def owner_refused(why, entry=entry):
+            refused.append((entry["path"], entry["owner"], why))
+
+        owner = (-1, -1)
+        if entry.get("owner"):
+            try:
+                owner = parse_owner(entry["owner"], "assemble", entry["path"])
+            except Stop as stop:
+                owner_refused(stop.event["message"])
         kind = entry["type"]
-        if kind == "dir":
-            make_dir(dest, 0o700)  # writable by this account while filled, whatever the umask
-            dirs.append((dest, owner, int(entry["mode"], 8)))
-        elif kind == "symlink":
-            os.symlink(enc(entry["target"]), dest)
-            if owner[0] != -1:
-                os.lchown(dest, owner[0], owner[1])
-        elif kind == "file":
-            source = sources.get(entry["path"])
-            if source is None:
-                source_path = os.path.join(blob_dir,
-                                           entry["digest"].split(":", 1)[1].encode("ascii"))
+        try:
+            if kind == "dir":
+                make_dir(dest, 0o700)  # writable by this account while filled, whatever the umask
+                dirs.append((dest, owner, int(entry["mode"], 8), owner_refused))
+            elif kind == "symlink":
+                os.symlink(enc(entry["target"]), dest)
+                if owner[0] != -1:
+                    try:
+                        os.lchown(dest, owner[0], owner[1])
+                    except OSError as exc:
+                        owner_refused(exc)
+            elif kind == "file":
+                source = sources.get(entry["path"])
+                if source is None:
+                    source_path = os.path.join(blob_dir,
+                                               entry["digest"].split(":", 1)[1].encode("ascii"))
+                else:
+                    # Copied from the current release, never hard-linked: releases must share
+                    # no inode (docs/invariants.md, invariant 4).
+                    source_path = os.path.join(current_dir, enc(source))
+                write_file(dest, source_path, owner, int(entry["mode"], 8), owner_refused)
             else:
-                # Copied from the current release, never hard-linked: releases must share no
-                # inode (docs/invariants.md, invariant 4).
-                source_path = os.path.join(current_dir, enc(source))
-            write_file(dest, source_path, owner, int(entry["mode"], 8))
-        else:
-            raise Stop("assemble", "failed", f"cannot ship an entry of type {kind}", entry["path"])
+                raise Stop("assemble", "failed", f"cannot ship an entry of type {kind}",
+                           entry["path"])
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, os.path.join(shown_dir, rel)) from exc
     # Directory modes last and deepest first, so a 0555 directory is filled before it closes.
-    for dest, owner, mode in reversed(dirs):
+    for dest, owner, mode, owner_refused in reversed(dirs):
         if owner[0] != -1:
-            os.chown(dest, owner[0], owner[1])
+            try:
+                os.chown(dest, owner[0], owner[1])
+            except OSError as exc:
+                owner_refused(exc)
         os.chmod(dest, mode)
+    if refused:
+        raise owners_refused("assemble", sorted(refused, key=lambda r: r[0]),
+                             "nothing was switched")
     os.chmod(stage, 0o755)
 
 

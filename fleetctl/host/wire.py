@@ -7,6 +7,7 @@ Host functions take both as arguments and never touch ``sys.stdin`` or ``sys.std
 """
 
 
+import errno
 import grp
 import os
 import pwd
@@ -120,9 +121,35 @@ class Aborted(Exception):
 class Stop(Exception):
     """A step failed; carries the error event to emit."""
 
-    def __init__(self, step, kind, message, path=None):
+    def __init__(self, step, kind, message, path=None, items=None):
         Exception.__init__(self, message)
         self.event = {"t": ERROR, "step": step, "kind": kind, "message": message, "path": path}
+        if items:  # every thing the error is about: [[path, what], ...], shown one a line
+            self.event["items"] = [[p, what] for p, what in items]
+
+
+def owners_refused(step, refused, context):
+    """The Stop naming every path whose owner could not be set.
+
+    Args:
+        step: the ship step (``assemble``, ``credentials``, ``users``).
+        refused: ``[(path, owner wanted, OSError or message), ...]``, in the order met; the
+            path as a person knows it (a tree path, never a staging name).
+        context: what this means for the ship, appended to the message.
+    Kind ``permission`` when every refusal was EPERM/EACCES (a login that may not give files
+    away), ``failed`` otherwise (no such user, a file system without owners).
+    """
+    items = []
+    denied = True
+    for path, owner, why in refused:
+        if isinstance(why, OSError):
+            denied = denied and why.errno in (errno.EPERM, errno.EACCES)
+            why = os_error_text(why)
+        else:
+            denied = False
+        items.append([path, f"{owner}: {why}"])
+    return Stop(step, "permission" if denied else "failed",
+                f"could not set the owner of {len(items)} path(s); {context}", None, items)
 
 
 def dec(raw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def test_demo_script_runs_every_step(tmp_path):
     assert "no secret in any release" in done.stdout
 
 
-def _run_in_pty(argv: list[str], answer: bytes, cwd: Path, timeout_s: float = 60) -> tuple[int, bytes]:
+def _run_in_pty(argv: list[str], answer: bytes, cwd: Path, timeout_s: float = 60,
+                before_answer=None) -> tuple[int, bytes]:
     pid, fd = pty.fork()
     if pid == 0:  # child
         os.chdir(cwd)
@@ -64,6 +66,8 @@ def _run_in_pty(argv: list[str], answer: bytes, cwd: Path, timeout_s: float = 60
                 break
             out += block
             if not answered and b"[y/N]" in out:
+                if before_answer is not None:
+                    before_answer()
                 os.write(fd, answer + b"\n")
                 answered = True
     _, status = os.waitpid(pid, 0)
@@ -108,6 +112,37 @@ def test_ship_never_asks_to_ship_what_the_all_or_nothing_rule_refuses(tmp_path):
     assert "refused: h2 cannot be shipped, and a fleet ships all or nothing" in text, text
     assert "h1: refused [stopped at held-back]" in text, text
     assert {name: snapshot(tmp_path / name) for name in ("b1", "b2")} == before
+
+
+def test_a_confirmed_plan_that_changed_names_the_paths_that_differ(tmp_path):
+    """``ship --force``: the plan is shown and confirmed, but between the question and the
+    answer a person edits one file on the host and changes the mode of another (``--force``
+    would overwrite both unseen): the plan made again under the lock differs (docs/design.md
+    (j)), ship refuses (exit 3) and names exactly those two paths; nothing is written. Before: "the host changed after the plan was confirmed", no
+    path."""
+    bp = make_project(tmp_path, {"runner": {"a": "a\n", "b": "b\n", "c": "c\n"}})
+    root = tmp_path / "box"
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(root)})
+    assert cli("ship", "--yes", inventory=inv, blueprint=bp).code == 0
+    (bp / "runner" / "c").write_text("c, second\n")
+    git(tmp_path, "commit", "-qam", "second")
+
+    seen = {}
+
+    def edit_on_the_host():
+        (root / "current" / "runner" / "a").write_text("patched meanwhile\n")
+        os.chmod(root / "current" / "runner" / "b", 0o600)
+        seen["before"] = snapshot(root)
+
+    exe = str(Path(sys.executable).parent / "fleetctl")
+    status, out = _run_in_pty([exe, "ship", "--force", "--inventory", str(inv), "--blueprint",
+                               str(bp)], b"y", tmp_path, before_answer=edit_on_the_host)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace(
+        "\r\n", "\n")
+    assert status == 3, text
+    assert "the host changed after the plan was confirmed; nothing was shipped: 2 path(s) " \
+        "differ from the confirmed plan\n  runner/a\n  runner/b\n" in text, text
+    assert snapshot(root) == seen["before"]
 
 
 def test_no_question_without_a_terminal(tmp_path):

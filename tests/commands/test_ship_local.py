@@ -352,3 +352,36 @@ def test_a_root_that_is_a_file_is_an_error_not_an_empty_host(tmp_path):
         assert run.code == 2 and host["status"] == "error"
         assert "exists and is not a directory" in host["error"]
     assert f.root.read_text() == "not a directory\n"
+
+
+def test_a_ship_refused_for_edits_made_during_it_names_every_edited_path(fleet, monkeypatch):
+    """A person edits the release in use while a ship is prepared (after the host's scan and
+    checks, before the switch): a file changed, one added, one removed. The host re-hashes
+    ``current`` under the lock before switching (docs/design.md (f)), refuses (exit 3), and the
+    error names exactly those three paths, each with what happened to it; the release in use
+    and its files stay as the person left them, and no new release is kept. Before: "the
+    current release was edited during the ship", no path."""
+    from fleetctl.ship import HostShip
+
+    in_use = os.readlink(fleet.current)
+    fleet.commit({"runner": {"conf": "a=2\n"}})
+    real_commit = HostShip.commit
+
+    def edit_then_commit(ship):
+        (fleet.current / "runner" / "run.sh").write_text("#!/bin/sh\necho patched\n")
+        (fleet.current / "runner" / "sub" / "new").write_text("new\n")
+        (fleet.current / "runner" / "sub" / "x").unlink()
+        real_commit(ship)
+
+    monkeypatch.setattr(HostShip, "commit", edit_then_commit)
+    run = fleet.ship()
+    host = run.host("h")
+    assert run.code == 3, run.stdout + run.stderr
+    head, *lines = host["error"].split("\n")
+    assert head.startswith("h: switch: the current release was edited during the ship "
+                           "(3 path(s)); nothing was switched"), host["error"]
+    assert lines == ["  runner/run.sh: changed", "  runner/sub/new: added",
+                     "  runner/sub/x: removed"], host["error"]
+    assert os.readlink(fleet.current) == in_use
+    assert os.listdir(fleet.root / "releases") == [os.path.basename(in_use)]
+    assert (fleet.current / "runner" / "run.sh").read_text() == "#!/bin/sh\necho patched\n"

@@ -290,32 +290,78 @@ def test_revoking_credentials_never_empties_a_mount_inside_them(
 # -- errors that name the path ---------------------------------------------------------------
 
 
-def test_a_refused_chown_names_the_host_the_step_and_the_file(user_box):
-    """As a non-root login, a file declared ``owner: root:root`` cannot be given away: the ship
-    stops at ``assemble`` with exit 2 and the error names the host, the step and the staged file
-    (before: ``assemble: PermissionError: Operation not permitted``, no path); nothing is left."""
+def test_a_refused_chown_names_every_path_and_its_owner(user_box):
+    """As a non-root login, files, a directory and a symlink declared ``owner: root:root``
+    cannot be given away, and one names a user the host lacks: the ship stops at ``assemble``
+    with exit 2, and the error names the host, the step and every one of those paths as the
+    tree knows it, each with the owner it wanted and why (before: only the first file, by its
+    staging name ``releases/.staging-<id>/...``); nothing is left."""
     inv, bp, root, _user, _box = user_box
     import yaml
 
-    (bp / "attributes.yaml").write_text(yaml.safe_dump(
-        {"files": [{"match": "runner/README", "owner": "root:root"}]}))
+    (bp / "attributes.yaml").write_text(yaml.safe_dump({"files": [
+        {"match": "runner/README", "owner": "root:root"},
+        {"match": "runner/lib", "owner": "root:root"},
+        {"match": "runner/lib/util.py", "owner": "root:root"},
+        {"match": "runner/latest", "owner": "root:root"},
+        {"match": "runner/run.sh", "owner": "nosuchuser-fleetctl:root"}]}))
     commit_all(bp)
     run = ship(inv, bp)
     assert run.code == 2, run.stdout + run.stderr
     result = run.host("web1")
-    error = result["error"]
     assert result["step"] == "assemble", result
-    assert error.startswith("web1: assemble: PermissionError: Operation not permitted ("), error
-    staged = error[error.index("(") + 1:error.rindex(")")]
-    assert staged.startswith(str(root / "releases" / ".staging-")), error
-    assert staged.endswith("/runner/README"), error
+    head, *lines = result["error"].split("\n")
+    assert head == "web1: assemble: could not set the owner of 5 path(s); nothing was switched", \
+        result["error"]
+    assert lines == [
+        "  runner/README: root:root: Operation not permitted",
+        "  runner/latest: root:root: Operation not permitted",
+        "  runner/lib: root:root: Operation not permitted",
+        "  runner/lib/util.py: root:root: Operation not permitted",
+        "  runner/run.sh: nosuchuser-fleetctl:root: no such user on the host: "
+        "nosuchuser-fleetctl"], result["error"]
+    assert ".staging-" not in result["error"]
+    text = cli("ship", "--yes", inventory=inv, blueprint=bp)
+    assert "  runner/lib/util.py: root:root: Operation not permitted" in text.stdout.splitlines()
     assert not (root / "releases").exists() or os.listdir(root / "releases") == []
+
+
+def test_refused_credential_owners_are_all_named(user_box, real_users, monkeypatch):
+    """As a non-root login, two agents with users of their own are granted a credential each:
+    neither file can be given to its agent. The ship stops at ``credentials`` (exit 2) naming
+    both files, each with the owner it wanted; nothing is switched and no credential file is
+    left behind (before: only the first, by its temporary name ``.fleetctl-new-...``)."""
+    inv, _bp, root, unix_user, box = user_box
+    import yaml
+
+    bp = _credential_project(inv.parent / "credproj")
+    users = {a: real_users.create(f"c{a}") for a in ("a", "b")}
+    monkeypatch.setenv("LK_SECRET", "s3cret-for-both")
+    spec = yaml.safe_load(inv.read_text())
+    spec["hosts"]["web1"]["agents"] = {
+        a: {"role": "worker", "user": u, "grants": {"lk": {"scope": {}, "secret":
+                                                            {"env": "LK_SECRET"}}}}
+        for a, u in users.items()}
+    inv.write_text(yaml.safe_dump(spec))
+    run = ship(inv, bp)
+    assert run.code == 2, run.stdout + run.stderr
+    result = run.host("web1")
+    assert result["step"] == "credentials", result
+    head, *lines = result["error"].split("\n")
+    assert head == ("web1: credentials: could not set the owner of 2 path(s); no credential "
+                    "file was changed; stopped, nothing was retried"), result["error"]
+    assert lines == [f"  credentials/{a}/key.env: {u}:{u}: Operation not permitted"
+                     for a, u in users.items()], result["error"]
+    assert not (root / "current").exists()
+    leftovers = [n for _d, _s, names in os.walk(root) for n in names if ".fleetctl-new" in n]
+    assert leftovers == []
 
 
 def test_a_full_disk_while_receiving_names_the_file(tmp_path, mount_tmpfs, sshd_pool,
                                                     ssh_client_key, ssh_known_hosts):
     """A 1 MiB file does not fit a 256 KiB disk: the error names the host, ``receive`` and the
-    file being received under ``.fleetctl/incoming-<id>/`` (before: no path)."""
+    tree path that did not fit, in the release being made (``releases/<id>/runner/big.bin``),
+    never the internal name it was received under (before: ``.fleetctl/incoming-<id>/<sha>``)."""
     from tests.transport.test_ssh import _ship_too_big
 
     root, _old, _tree, run = _ship_too_big(tmp_path, mount_tmpfs, sshd_pool[0], ssh_client_key,
@@ -323,13 +369,16 @@ def test_a_full_disk_while_receiving_names_the_file(tmp_path, mount_tmpfs, sshd_
     assert run.code == 2, run.stdout + run.stderr
     error = run.host("web1")["error"]
     assert error.startswith("web1: receive: OSError: No space left on device ("), error
-    assert f"({root}/.fleetctl/incoming-" in error, error
+    assert f"({root}/releases/" in error and error.endswith("/runner/big.bin)"), error
+    assert "incoming-" not in error
 
 
 def test_a_disk_filling_at_any_step_names_the_path(tmp_path, mount_tmpfs, sshd_pool,
                                                    ssh_client_key, ssh_known_hosts):
     """On a disk with one page more free at each attempt, the ship stops at receive, assemble,
-    record...; every failure names its step and an absolute path under the root."""
+    record...; every failure names its step and an absolute path under the root, the one a
+    person knows (before: ``releases/.staging-<id>/...``, ``incoming-<id>/...``,
+    ``<record>.json.tmp``)."""
     from tests.transport.test_ssh import _ship_onto_filling_disk
 
     root, _inv, _bp, _old, attempts = _ship_onto_filling_disk(
@@ -339,6 +388,9 @@ def test_a_disk_filling_at_any_step_names_the_path(tmp_path, mount_tmpfs, sshd_p
     for leave, result in failed:
         assert f"web1: {result['step']}: " in result["error"], (leave, result["error"])
         assert f"({root}/" in result["error"], (leave, result["error"])
+        # A path a person knows, never an internal staging or temporary name.
+        for internal in (".staging-", "incoming-", ".tmp)"):
+            assert internal not in result["error"], (leave, result["error"])
 
 
 def test_a_refused_credential_fix_names_the_credential_file(
