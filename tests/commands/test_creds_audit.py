@@ -15,9 +15,12 @@ import os
 import pwd
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import cli, local_host, make_project, ssh_host, write_inventory
 from tests.sshd_boxes import free_port
@@ -530,3 +533,50 @@ def test_a_writable_credentials_directory_is_a_finding(tmp_path, project, plante
     assert [(f["rule"], f["path"]) for f in run.doc["findings"]] == [
         ("readable-by-others", "credentials")]
     assert_no_secret(planted, run.stdout, run.stderr)
+
+
+# -- text at 80 columns -------------------------------------------------------------------------
+
+
+def test_the_text_fits_80_columns_in_a_pipe_with_every_path_and_key_whole():
+    """``COLUMNS=80 fleetctl creds audit --static | cat`` on the repository's demo fleet: no
+    line is wider than 80 unless it is one unbreakable word (a key, a path) on its own; every
+    finding's message reads back whole from its lines, and its ``where`` (``file:line: key``)
+    stands whole on one line, ready to copy; the facts are the JSON run's. Before: a table 160
+    wide, the message and the key folded inside names."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEMO_", "FLEETCTL_"))}
+    argv = [sys.executable, "-m", "fleetctl", "creds", "audit", "--static"]
+    text = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=120,
+                          env={**env, "COLUMNS": "80"})
+    doc = json.loads(subprocess.run(argv + ["-f", "json"], cwd=repo, capture_output=True,
+                                    text=True, timeout=120, env=env).stdout)
+    assert text.returncode == 1 and doc["findings"], text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    for line in lines:
+        assert len(line) <= 80 or len(line.strip().split(" ")) == 1 or \
+            line.startswith(("  at: ", "  on the host: ")), line
+    blocks = "\n".join(lines).split("\n\n")
+    for f in doc["findings"]:
+        head = f"{f['severity']} {f['rule']}: {f['host']}" + (
+            f", agent {f['agent']}" if f["agent"] else "")
+        (block,) = [b for b in blocks if b.startswith(head) and f["message"].split()[0] in b]
+        body = [ln.strip() for ln in block.splitlines()[1:] if not ln.startswith("  at: ")]
+        assert " ".join(body) == " ".join(f["message"].split()), block
+        assert f"  at: {f['where']}" in block.splitlines(), block
+
+
+@settings(max_examples=300, deadline=None)
+@given(words=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc")),
+                              min_size=1, max_size=40), min_size=1, max_size=30),
+       width=st.integers(min_value=1, max_value=100))
+def test_wrap_words_never_cuts_a_word_and_keeps_every_one(words, width):
+    """For any words and width: the lines hold the same words in the same order, none cut, and
+    a line is wider than ``width`` only when it is one word that is."""
+    from fleetctl.cli.output.text import wrap_words
+
+    text = " ".join(words)
+    lines = wrap_words(text, width, "  ", "    ")
+    assert " ".join(" ".join(ln.split()) for ln in lines).split() == text.split()
+    for ln in lines:
+        assert len(ln) <= max(width, 5) or len(ln.split()) == 1, (ln, width)

@@ -1,4 +1,4 @@
-"""``fleetctl creds audit`` as a rich table, JSON (``docs/credentials-audit.md``) or Markdown, all
+"""``fleetctl creds audit`` as text blocks, JSON (``docs/credentials-audit.md``) or Markdown, all
 from the same findings. Names, paths and host errors are escaped: a host-supplied text reaches a
 page as text, never as markup.
 """
@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from fleetctl.cli.output.markdown import md_text
+from fleetctl.cli.output.text import wrap_words
 from fleetctl.creds_audit import COMMAND, SCHEMA_VERSION, AuditReport, HostAudit
 from fleetctl.names import escape_name, printable, show_name
 
@@ -72,31 +71,44 @@ def to_markdown(report: AuditReport) -> str:
 
 
 def print_text(console: Console, report: AuditReport) -> None:
-    """One table of findings (severity, host, agent, capability, rule, finding, where), then one
-    line per host."""
+    """One block per finding (a head line: severity, rule, host, agent, capability; the finding
+    wrapped at spaces; where: the inventory key or the path on the host, whole on its line),
+    then one line per host. Readable at any width (80 columns, a pipe): nothing is folded
+    inside a name, a path or a digest."""
+    width = console.width
     if report.findings:
-        table = Table(title="fleetctl creds audit", box=box.SIMPLE_HEAD, title_justify="left")
-        for column in ("severity", "host", "agent", "capability", "rule", "finding", "where"):
-            table.add_column(column, overflow="fold")
-        for f in report.findings:
-            table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")),
-                          Text(show_name(f.host)), Text(show_name(f.agent or "")),
-                          Text(f.capability or ""), Text(f.rule), Text(printable(f.message)),
-                          Text(show_name(f.path) if f.path else printable(f.where or "")))
-        console.print(table)
+        console.print(Text(f"fleetctl creds audit: {len(report.findings)} finding(s)",
+                           style="italic"), soft_wrap=True)
+    for f in report.findings:
+        about = [show_name(f.host)] + ([f"agent {show_name(f.agent)}"] if f.agent else []) + (
+            [f"capability {show_name(f.capability)}"] if f.capability else [])
+        head = Text()
+        head.append(f.severity, style=_SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f" {f.rule}: {', '.join(about)}")
+        console.print()
+        console.print(head, soft_wrap=True)
+        for line in wrap_words(printable(f.message), width, "  "):
+            console.print(Text(line), soft_wrap=True)
+        where = show_name(f.path) if f.path else printable(f.where or "")
+        if where:
+            console.print(Text(f"  {'on the host' if f.path else 'at'}: {where}",
+                               style="dim"), soft_wrap=True)
+    if report.findings:
+        console.print()
     for h in report.hosts:
         scope = "" if h.scanned else (" (static only)" if report.static_only else
                                       " (not scanned)")
         line = f"{h.host}: {h.status}, {len(h.findings)} finding(s){scope}"
         if h.error:
             line += f": {h.error}"
-        console.print(Text(printable(line), style=_STATUS_STYLE.get(h.status, "")),
-                      soft_wrap=True)
+        for text in wrap_words(printable(line), width, "", "    "):
+            console.print(Text(text, style=_STATUS_STYLE.get(h.status, "")), soft_wrap=True)
         for path, error in h.unreadable:
-            console.print(Text(f"  unreadable: {show_name(path)}: {printable(error)}", style="red"),
-                          soft_wrap=True)
+            console.print(Text(f"  unreadable: {show_name(path)}: {printable(error)}",
+                               style="red"), soft_wrap=True)
         for k in h.skipped:
-            console.print(Text(f"  skipped: {printable(k.describe())}", style="yellow"),
-                          soft_wrap=True)
+            for text in wrap_words(f"skipped: {printable(k.describe())}", width, "  ", "    "):
+                console.print(Text(text, style="yellow"), soft_wrap=True)
         if h.hint and h.status in ("error", "incomplete"):
-            console.print(Text(f"  hint: {printable(h.hint)}", style="dim"), soft_wrap=True)
+            for text in wrap_words(f"hint: {printable(h.hint)}", width, "  ", "    "):
+                console.print(Text(text, style="dim"), soft_wrap=True)

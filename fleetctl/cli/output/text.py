@@ -7,6 +7,7 @@ CLI's console for piped output. Imports rich only through the caller's console; 
 
 from __future__ import annotations
 
+import textwrap
 from typing import IO
 
 PATH_MIN_WIDTH = 20
@@ -29,6 +30,18 @@ def path_column_width(paths: list[str], console_width: int) -> int:
         return PATH_MIN_WIDTH
     return min(max(len(p) for p in paths),
                max(PATH_MIN_WIDTH, console_width - OTHER_COLUMNS_WIDTH))
+
+
+def wrap_words(text: str, width: int, indent: str = "", more: str | None = None) -> list[str]:
+    """``text`` as lines of at most ``width`` characters, the first starting with ``indent``,
+    the others with ``more`` (default: ``indent``), broken only at spaces: a path, a digest, a
+    release id or a key longer than the line stays whole on a line of its own (copyable),
+    never cut or ellipsised; the lines' words, joined with single spaces, give back ``text``
+    with its runs of spaces made single."""
+    more = indent if more is None else more
+    return textwrap.wrap(text, width=max(width, len(indent) + 1, len(more) + 1),
+                         initial_indent=indent, subsequent_indent=more, break_long_words=False,
+                         break_on_hyphens=False) or [indent]
 
 
 def wrap_path(path: str, width: int) -> str:
