@@ -47,13 +47,16 @@ from fleetctl.drift import (
     UNKNOWN,
     Change,
 )
-from fleetctl.errors import HostError
+from fleetctl.errors import HostError, InputError
 from fleetctl.inventory import Host
+from fleetctl.linesources import changed_lines, line_sources
 from fleetctl.manifest import DIR, FILE, SYMLINK, sha256_digest
 from fleetctl.names import escape_name, printable, safe_text, show_name, tree_path
 from fleetctl.plan import identity_problem
-from fleetctl.render import TEMPLATE_SUFFIX, render_host
+from fleetctl.render import TEMPLATE_SUFFIX, render_host, template_of
 from fleetctl.scan import changes_for, host_session
+from fleetctl.templating import template_variables
+from fleetctl.yamlfile import line_of, load_yaml
 
 WRITTEN, REMOVED, REFUSED, NOTHING = "written", "removed", "refused", "nothing"
 BACKPORT_MAX_BYTES = 256 << 20  # a hand-patched file up to 256 MiB is brought home
@@ -224,15 +227,18 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
         source = (f"templates/{path.rsplit('/', 1)[-1]}.j2 (fleetctl's own)" if
                   path.startswith("agents/") else f"{path}{TEMPLATE_SUFFIX}")
         diff = None
+        belongs = None
         if live is not None and live.type == FILE:
             body = contents.get(path)
             want_bytes = desired_contents.get(want.digest or "") if want is not None and \
                 want.type == FILE else None
             if isinstance(body, bytes) and sha256_digest(body) == live.digest:
                 diff = diff_contents(path, want_bytes, body, labels=("rendered", "live"))
-        return BackportItem(path, REFUSED, f"rendered from the template {source}: fold the "
-                            "change into the template by hand (the diff shows rendered → live)",
-                            diff)
+                if want_bytes is not None:
+                    belongs = where_it_belongs(blueprint, host, path, want_bytes, body)
+        return BackportItem(path, REFUSED, f"rendered from the template {source}: "
+                            f"{belongs or 'fold the change into the template by hand'} (the "
+                            "diff shows rendered → live)", diff)
     if path not in blueprint.files and not _under_shipped_dir(blueprint, path):
         return BackportItem(path, REFUSED, "no blueprint file it could come from")
     if live is None or MISSING in kinds:
@@ -267,6 +273,63 @@ def _one(blueprint: Blueprint, host: Host, desired_contents: dict[str, bytes], p
     mode = 0o755 if live.mode == "0755" else 0o644
     return _apply(blueprint.root, path, lambda: _write_file(blueprint.root, path, body, mode),
                   WRITTEN)
+
+
+def where_it_belongs(blueprint: Blueprint, host: Host, path: str, rendered: bytes,
+                     live: bytes) -> str | None:
+    """Where a hand-patch to the rendered file ``path`` belongs, for people: the role file and
+    key, the inventory key, or the template's own text that the changed lines come from
+    (:func:`fleetctl.linesources.line_sources`); when no line can be traced, the variables
+    the template uses. ``None`` when the template cannot be read or rendered here."""
+    try:
+        found = template_of(blueprint, host, path)
+        if found is None:
+            return None
+        source, name, context = found
+        sources = line_sources(source, name, context)
+    except (OSError, InputError):
+        return None
+    changed = changed_lines(rendered.split(b"\n"), live.split(b"\n"))
+    keys = sorted({k for i in changed if i < len(sources) for k in sources[i]})
+    own_text = any(i < len(sources) and not sources[i] for i in changed)
+    places = list(dict.fromkeys(_place(blueprint, host, path, k) for k in keys))
+    if not places and not own_text:
+        used = sorted(template_variables(source))
+        return (f"fold the change into {name} or the variables it uses "
+                f"({', '.join(used) or 'none'})")
+    # A line that shows a variable may also hold the template's own text around it: which of
+    # the two the person changed cannot be told, so both are named.
+    text = f"the template's own text ({name})" if own_text else \
+        f"the text of {name} around them"
+    return ("the changed line(s) come from " + "; ".join(places) + f" (or {text})"
+            if places else f"the changed line(s) are {text}") + ": change it there and ship"
+
+
+def _place(blueprint: Blueprint, host: Host, path: str, key: tuple[str, ...]) -> str:
+    """Where the variable ``key`` of a rendered ``path`` of ``host`` is set, for people."""
+    agent = next((a for a in host.agents if path == f"agents/{a.name}/agent.yaml"), None)
+    if key[0] == "role" and len(key) == 2 and agent is not None:
+        role_file = blueprint.root / "roles" / f"{agent.role}.yaml"
+        shown = f"{blueprint.root.name}/roles/{agent.role}.yaml"
+        try:
+            data, node = load_yaml(role_file)
+            line = line_of(node, [key[1]]) if isinstance(data, dict) and key[1] in data \
+                else None
+        except (OSError, InputError):
+            line = None
+        return f"{shown}:{line}: {key[1]}" if line else \
+            f"{shown}: {key[1]} (not set there: the default applies)"
+    if key == ("agent", "name") and agent is not None:
+        return f"the inventory: the agent's name (hosts.{host.name}.agents.{agent.name})"
+    if key[0] == "agent" and len(key) == 2 and agent is not None:
+        return f"the inventory: hosts.{host.name}.agents.{agent.name}.{key[1]}"
+    if key == ("host", "name"):
+        return f"the inventory: the host's name (hosts.{host.name})"
+    if key[0] == "host" and len(key) == 2:
+        return f"the inventory: hosts.{host.name}.{key[1]}"
+    if key == ("agents",):
+        return f"the inventory: hosts.{host.name}.agents"
+    return f"the inventory: vars.{key[0]} (of host {host.name} or its agent)"
 
 
 def _under_shipped_dir(blueprint: Blueprint, path: str) -> bool:

@@ -138,6 +138,30 @@ def _role_data(role: Role) -> dict[str, Any]:
     return {**role.model_dump(), "agent_command": harness_command(role)}
 
 
+def template_of(blueprint: Blueprint, host: Host,
+                path: str) -> tuple[bytes, str, dict[str, Any]] | None:
+    """The template a rendered path of ``host``'s tree comes from: ``(source, name, variables)``
+    as :func:`render_host` renders it (``agents/<agent>/agent.yaml`` from fleetctl's own
+    ``agent.yaml.j2``, a blueprint ``*.j2`` with the host's variables); ``None`` for a path no
+    template renders.
+
+    Raises:
+        OSError: the template cannot be read.
+    """
+    parts = path.split("/")
+    if len(parts) == 3 and parts[0] == "agents" and parts[2] == "agent.yaml":
+        agent = next((a for a in host.agents if a.name == parts[1]), None)
+        if agent is None:
+            return None
+        return ((blueprint.templates / AGENT_CONFIG_TEMPLATE).read_bytes(),
+                f"templates/{AGENT_CONFIG_TEMPLATE}", agent_context(blueprint, host, agent))
+    src = blueprint.files.get(path + TEMPLATE_SUFFIX)
+    if src is None:
+        return None
+    return (src.path.read_bytes(), f"{blueprint.root.name}/{path}{TEMPLATE_SUFFIX}",
+            _context_for_host(host))
+
+
 def render_host(blueprint: Blueprint, host: Host, with_credentials: bool = True,
                 missing_secrets_ok: bool = False) -> DesiredTree:
     """Render the desired tree of ``host``, its credential files included.

@@ -70,3 +70,15 @@ def _template_line(exc: BaseException) -> int | None:
         if frame.filename == "<template>":
             line = frame.lineno
     return line
+
+
+def template_variables(source: bytes) -> set[str]:
+    """The top-level variable names a template reads (Jinja2's own analysis of its syntax);
+    empty when it is not UTF-8 or does not parse."""
+    from jinja2 import meta
+
+    try:
+        return set(meta.find_undeclared_variables(jinja2.Environment().parse(
+            source.decode("utf-8"))))
+    except (UnicodeDecodeError, jinja2.TemplateSyntaxError):
+        return set()

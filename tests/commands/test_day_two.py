@@ -157,6 +157,56 @@ def test_backport_refuses_templates_and_credentials_with_reasons(fleet):
     assert snapshot(bp) == before  # nothing written
 
 
+def test_backport_names_the_role_file_and_key_a_rendered_line_comes_from(
+        tmp_path, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """A hand-patch to ``agents/w1/agent.yaml`` (rendered from fleetctl's own template) changes
+    the prompt line, the budget line and the template's comment: backport refuses it and names
+    where each belongs: ``blueprint/roles/worker.yaml:LINE: prompt``, the budget key (not set
+    in that file: the default), the agent's and host's names the comment shows, and the
+    template's text around them, and nothing it did not change; a patch to a blueprint ``*.j2``
+    line names the variable it shows (the host's name) and the template. Before: only "fold
+    the change into the template by hand", for a change that belongs in the role file."""
+    repo = Path(__file__).resolve().parents[2]
+    root = tmp_path / "root"
+    bp = make_project(tmp_path / "proj", {"runner": dict(RUNNER)},
+                      roles={"worker": {"prompt": "w", "max_retries": 2}},
+                      executable=("runner/run.sh",),
+                      agent_template=(repo / "templates" / "agent.yaml.j2").read_text())
+    inv = write_inventory(tmp_path / "inv.yaml", {"web1": ssh_host(
+        sshd_pool[0], ssh_client_key, ssh_known_hosts, root, {"w1": {"role": "worker"}})})
+    assert ship(inv, bp).code == 0
+    config = live(root, "agents/w1/agent.yaml")
+    lines = config.read_text().splitlines(keepends=True)
+    edited = ['# edited by hand\n' if ln.startswith("# Rendered") else
+              'prompt: "w, but better"\n' if ln.startswith("prompt: ") else
+              "budget_tokens: 9999\n" if ln.startswith("budget_tokens: ") else ln
+              for ln in lines]
+    assert sum(a != b for a, b in zip(lines, edited, strict=True)) == 3, lines
+    config.write_text("".join(edited))
+    patch(root, "runner/motd", "welcome, edited by hand\n")
+    role_lines = (bp / "roles" / "worker.yaml").read_text().splitlines()
+    prompt_line = next(i for i, ln in enumerate(role_lines, 1) if ln.startswith("prompt:"))
+    assert not any(ln.startswith("budget_tokens:") for ln in role_lines)
+    before = snapshot(bp)
+    done = cli_text("backport", "web1", "--inventory", str(inv), "--blueprint", str(bp),
+                    "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    items = {i["path"]: i for i in json.loads(done.stdout)["items"]}
+    reason = items["agents/w1/agent.yaml"]["reason"]
+    assert items["agents/w1/agent.yaml"]["action"] == "refused"
+    assert f"blueprint/roles/worker.yaml:{prompt_line}: prompt" in reason, reason
+    assert "blueprint/roles/worker.yaml: budget_tokens (not set there: the default applies)" \
+        in reason, reason
+    # The comment line shows the agent's and the host's names: those are named, and the text.
+    assert "the inventory: the agent's name (hosts.web1.agents.w1)" in reason, reason
+    assert "(or the text of templates/agent.yaml.j2 around them)" in reason, reason
+    assert "max_retries" not in reason and "skills" not in reason, reason
+    motd = items["runner/motd"]["reason"]
+    assert "the inventory: the host's name (hosts.web1)" in motd, motd
+    assert "blueprint/runner/motd.j2" in motd, motd
+    assert snapshot(bp) == before
+
+
 def test_force_path_overwrites_one_hand_patch_and_the_others_still_refuse(fleet):
     inv, bp, root = fleet
     patch(root, "runner/README", "patch A\n")

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetctl.blueprint import load_blueprint
 from fleetctl.errors import InputError
 from fleetctl.inventory import load_inventory
+from fleetctl.linesources import line_sources
 from fleetctl.manifest import sha256_digest
 from fleetctl.render import render_host, render_template
 from tests.helpers import Symlink, cli, local_host, make_project, snapshot, write_inventory
@@ -282,3 +285,29 @@ def test_via_mcp_servers_need_the_placeholder_in_the_agent_command_at_load(tmp_p
         "prompt": "p", "agent_command": ["agent", "--mcp-config", "{mcp_config}"],
         "mcp_servers": {"tracker": {"command": ["tracker-mcp"]}}}))
     assert "worker" in load_blueprint(bp).roles
+
+
+# -- which variables each rendered line comes from (backport's hint) ---------------------------
+
+_VALUES = st.one_of(st.integers(-5, 5), st.booleans(), st.text("ab c", max_size=6),
+                    st.lists(st.integers(0, 3), max_size=3), st.none())
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=8),
+       values=st.lists(_VALUES, min_size=4, max_size=4),
+       nested=st.booleans())
+def test_each_rendered_line_is_traced_to_the_variables_it_shows(plan, values, nested):
+    """A template whose lines are literal text or show one variable (a top-level var, or a
+    key of ``role``), with any values: every line is traced to exactly the variable it shows,
+    and a literal line to none."""
+    names = [f"v{i}" for i in range(4)]
+    lines = [f"literal {n}" if pick is None else
+             (f"{n}: {{{{ role.{names[pick]} | tojson }}}}" if nested else
+              f"{n}: {{{{ {names[pick]} | tojson }}}}") for n, pick in enumerate(plan)]
+    context = {"role": dict(zip(names, values, strict=True))} if nested else \
+        dict(zip(names, values, strict=True))
+    found = line_sources("\n".join(lines).encode(), "t.j2", context)
+    expect = [set() if pick is None else
+              {("role", names[pick]) if nested else (names[pick],)} for pick in plan]
+    assert found == expect
