@@ -209,19 +209,13 @@ class ReportTarget:
             self._fh.close()
 
     def console(self) -> Console:
-        """A console for the text format: the file, or stdout (``$COLUMNS`` wide when not a
-        terminal, else 160); lines to a file or a pipe carry no padding."""
+        """A console for the text format: the file, or stdout (wide when not a terminal); lines
+        to a file or a pipe carry no padding."""
         if self._fh is not None:
             return Console(file=cast(IO[str], RStripWriter(self._fh)), width=160, no_color=True)
         out = Console()
         return out if out.is_terminal else Console(file=cast(IO[str], RStripWriter(sys.stdout)),
-                                                   width=_columns() or 160)
-
-
-def _columns() -> int | None:
-    """``$COLUMNS`` when it is a positive number (a user asking a pipe for that width)."""
-    value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+                                                   width=160)
 
 
 def guard(fn: Callable[[], int], debug: bool = False) -> None:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fleetctl.cli.output.markdown import md_text
-from fleetctl.cli.output.text import wrap_words
+from fleetctl.cli.output.text import prose_width, wrap_words
 from fleetctl.creds_audit import COMMAND, SCHEMA_VERSION, AuditReport, HostAudit
 from fleetctl.names import escape_name, printable, show_name
 
@@ -75,7 +75,7 @@ def print_text(console: Console, report: AuditReport) -> None:
     wrapped at spaces; where: the inventory key or the path on the host, whole on its line),
     then one line per host. Readable at any width (80 columns, a pipe): nothing is folded
     inside a name, a path or a digest."""
-    width = console.width
+    width = prose_width(console)
     if report.findings:
         console.print(Text(f"fleetctl creds audit: {len(report.findings)} finding(s)",
                            style="italic"), soft_wrap=True)

@@ -7,8 +7,9 @@ CLI's console for piped output. Imports rich only through the caller's console; 
 
 from __future__ import annotations
 
+import os
 import textwrap
-from typing import IO
+from typing import IO, Any
 
 PATH_MIN_WIDTH = 20
 """The narrowest path column drawn (characters)."""
@@ -30,6 +31,22 @@ def path_column_width(paths: list[str], console_width: int) -> int:
         return PATH_MIN_WIDTH
     return min(max(len(p) for p in paths),
                max(PATH_MIN_WIDTH, console_width - OTHER_COLUMNS_WIDTH))
+
+
+PROSE_WIDTH = 80
+"""Columns prose is wrapped to when it goes to a pipe or a file and ``$COLUMNS`` is not set."""
+
+
+def prose_width(console: Any) -> int:
+    """The width (columns) to wrap prose to on ``console`` (a rich Console): the terminal's
+    own; for a pipe or a file, ``$COLUMNS`` when it is set, else :data:`PROSE_WIDTH`; never
+    wider than the console. (Tables to a pipe are drawn 160 wide; prose wrapped that wide
+    would not read at 80.)"""
+    if console.is_terminal:
+        return int(console.width)
+    columns = os.environ.get("COLUMNS", "")
+    wanted = int(columns) if columns.isdigit() and int(columns) > 0 else PROSE_WIDTH
+    return min(wanted, int(console.width))
 
 
 def wrap_words(text: str, width: int, indent: str = "", more: str | None = None) -> list[str]:
