@@ -19,7 +19,7 @@ from typing import Any
 from fleetctl import protocol as p
 from fleetctl.errors import HostError, PermissionDenied, ShipRefused
 from fleetctl.manifest import Entry
-from fleetctl.names import printable, valid_tree_path
+from fleetctl.names import printable, show_name, valid_tree_path
 
 
 class BadEvent(ValueError):
@@ -156,7 +156,8 @@ def error_from_event(label: str, event: dict[str, Any]) -> Exception:
     """Map a host-side error event to the exception type the CLI turns into an exit code.
 
     An event's ``items`` (``[[path, what], ...]``: every path the error is about) follow the
-    message one a line, each name escaped (``printable``), so none can pass for another line.
+    message one a line, each path in the one escape form (``show_name``) and each detail
+    escaped (``printable``), so none can pass for another line.
     """
     kind = event.get("kind")
     where = f" ({event['path']})" if event.get("path") else ""
@@ -165,7 +166,7 @@ def error_from_event(label: str, event: dict[str, Any]) -> Exception:
         message += "; stopped, nothing was retried"
     items = event.get("items")
     if isinstance(items, list):
-        message += "".join(f"\n  {printable(str(item[0]))}: {printable(str(item[1]))}"
+        message += "".join(f"\n  {show_name(str(item[0]))}: {printable(str(item[1]))}"
                            if isinstance(item, list) and len(item) == 2
                            else f"\n  {printable(str(item))}" for item in items)
     if kind in p.REFUSALS:

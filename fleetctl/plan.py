@@ -194,7 +194,7 @@ def plan_ship(host: Host, state: LiveState, desired: Manifest, changes: list[Cha
     if options.approved is not None and options.approved != common["digest"]:
         differ = paths_that_differ(options.confirmed, changes)
         what = (f": {len(differ)} path(s) differ from the confirmed plan" + "".join(
-            f"\n  {printable(path)}" for path in differ)) if differ else \
+            f"\n  {show_name(path)}" for path in differ)) if differ else \
             " (the release in use or the desired tree is not the one confirmed)"
         return ShipPlan(host.name, REFUSED, step="plan", reason="the host changed after the "
                         f"plan was confirmed; nothing was shipped{what}",
