@@ -95,10 +95,13 @@ def refuse_superuser(account):
                    "/etc/passwd")
 
 
-def ensure_account(emit, account):
+def ensure_account(emit, account, refused=None):
     """Create the agent's user, group and HOME (0700) when missing; leave existing ones alone.
 
     Never escalates: without root, a missing account stops the ship naming what was refused.
+    A new HOME that cannot be given to its user is added to ``refused`` (``(home, owner,
+    OSError)``), so the caller can name every one after trying all accounts; without
+    ``refused`` the OSError is raised, naming the HOME.
     """
     user, group, home = account["user"], account["group"], account["home"]
     if not (ACCOUNT_NAME.fullmatch(user) and ACCOUNT_NAME.fullmatch(group)) \
@@ -158,7 +161,12 @@ def ensure_account(emit, account):
         os.mkdir(home, 0o700)
         fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            os.fchown(fd, pw.pw_uid, gid)
+            try:
+                os.fchown(fd, pw.pw_uid, gid)
+            except OSError as exc:
+                if refused is None:
+                    raise OSError(exc.errno, exc.strerror, home) from exc
+                refused.append((home, user + ":" + group, exc))
             os.fchmod(fd, 0o700)
         finally:
             os.close(fd)

@@ -53,6 +53,7 @@ from fleetctl.host.wire import (
     dec,
     enc,
     os_error_text,
+    owners_refused,
     read_json_frame,
 )
 from fleetctl.protocol import (
@@ -302,8 +303,11 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
             if changed:
                 # A refusal (exit 3) writes nothing: checked before accounts are created.
                 raise edited(step, changed)
+            refused = []  # type: list
             for account in command["users"]:
-                ensure_account(emit, account)
+                ensure_account(emit, account, refused)
+            if refused:
+                raise owners_refused(step, refused, "nothing was switched")
         step = "assemble"
         emit({"t": STEP, "name": step})
         assemble(stage, tree, command["sources"], blob_dir, current_dir, release_dir)

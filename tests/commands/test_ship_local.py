@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -385,3 +387,39 @@ def test_a_ship_refused_for_edits_made_during_it_names_every_edited_path(fleet, 
     assert os.readlink(fleet.current) == in_use
     assert os.listdir(fleet.root / "releases") == [os.path.basename(in_use)]
     assert (fleet.current / "runner" / "run.sh").read_text() == "#!/bin/sh\necho patched\n"
+
+
+def test_every_home_that_cannot_be_given_to_its_agent_is_named(tmp_path, real_users):
+    """The host program runs as root of a user namespace (``unshare -r``: uid 0, but the agents'
+    uids are not mapped, so chown is refused with EINVAL, as on a file system without owners).
+    Two agents whose HOMEs the ship must create: it stops at ``users`` naming both HOMEs with
+    the owner each wanted (before: "OSError: Invalid argument", no path, only the first)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    probe = subprocess.run(["unshare", "-r", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user namespaces not allowed here: {probe.stderr.decode().strip()}")
+    python = tmp_path / "ns-python"
+    python.write_text(f"#!/bin/sh\nexec unshare -r {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    bp = make_project(tmp_path, {"runner": {"a": "a\n"}})
+    homes = {a: tmp_path / "homes" / a for a in ("a", "b")}
+    homes["a"].parent.mkdir()
+    users = {a: real_users.create(f"h{a}", home=str(homes[a])) for a in homes}
+    for home in homes.values():  # the ship makes them
+        shutil.rmtree(home)
+    agents = {a: {"role": "worker", "user": u, "home": str(homes[a])} for a, u in users.items()}
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": local_host(tmp_path / "box", agents,
+                                                                  python=str(python))})
+    run = cli("ship", "--yes", "--format", "json", inventory=inv, blueprint=bp)
+    assert run.code == 2, run.stdout + run.stderr
+    result = run.host("h")
+    assert result["step"] == "users", result
+    head, *lines = result["error"].split("\n")
+    assert head == "h: users: could not set the owner of 2 path(s); nothing was switched", \
+        result["error"]
+    assert lines == [f"  {homes[a]}: {u}:{u}: Invalid argument" for a, u in users.items()], \
+        result["error"]
+    assert not (tmp_path / "box" / "current").exists()
