@@ -58,6 +58,11 @@ class BecomeHost:
     bin: Path
     port: int
     pids: Path
+    log: Path
+
+    def logins(self) -> list[str]:
+        """sshd's "Accepted ..." lines so far (who logged in, with which key)."""
+        return [ln for ln in self.log.read_text().splitlines() if "Accepted " in ln]
 
     def run(self, *args: str) -> dict:
         """``fleetctl ARGS --format json``: exit 2 asserted, this host's record returned."""
@@ -106,7 +111,7 @@ def become_host(tmp_path, login_user, sshd_factory, ssh_client_key):
         extra = {"python": python} if python else {}
         host = ssh_host(box, ssh_client_key, known, root, user=login, become="sudo", **extra)
         inv = write_inventory(tmp_path / "inv.yaml", {"web1": host})
-        return BecomeHost(inv, bp, root, login, bin_dir, box.port, pids)
+        return BecomeHost(inv, bp, root, login, bin_dir, box.port, pids, box.log_path)
 
     try:
         yield make
@@ -177,6 +182,10 @@ def test_sudo_that_wants_a_password(become_host, sudoers, locale):
     if locale == "foreign":
         assert "mot de passe" in error  # sudo's own last words are quoted, not read
     nothing_written(h)
+    # Stopped, not retried: one login per command, the login's own, never root or another key
+    # (the probes ran on that one connection).
+    accepted = h.logins()
+    assert len(accepted) == 2 and all(f"for {h.login} from" in ln for ln in accepted), accepted
     sudoers(entry(h.login))
     h.ships()
 
