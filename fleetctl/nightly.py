@@ -789,18 +789,23 @@ def judge(report: NightlyReport, previous: dict[str, Any] | None,
             "expired": [e.to_json() for e in allowlist if e.expires < today],
         }
     report.nights = [night_summary(d) for d in (history or [])] + [night_summary(
-        {"generated": report.generated, "findings": [f.to_json() for f in report.findings]})]
+        {"generated": report.generated,
+         "findings": [f.to_json() for f in report.findings + report.resolved]})]
     return report
 
 
 def night_summary(doc: dict[str, Any]) -> dict[str, Any]:
-    """``{"generated", "findings", "failing", "new", "by_check"}`` of one night's document."""
+    """``{"generated", "findings", "failing", "new", "by_check", "unchecked"}`` of one
+    night's document; ``unchecked`` counts the earlier findings that night could not check
+    (carried), so a night with a host down does not look like a night with fewer findings."""
     found = [f for f in doc.get("findings", []) if f.get("state") not in ("resolved",
                                                                          "unchecked")]
     return {"generated": doc.get("generated"), "findings": len(found),
             "failing": sum(1 for f in found if f.get("fails")),
             "new": sum(1 for f in found if f.get("state") == "new"),
-            "by_check": {c: sum(1 for f in found if f.get("check") == c) for c in CHECKS}}
+            "by_check": {c: sum(1 for f in found if f.get("check") == c) for c in CHECKS},
+            "unchecked": sum(1 for f in doc.get("findings", [])
+                             if f.get("state") == "unchecked")}
 
 
 # -- stage 3: the document ----------------------------------------------------------------------

@@ -350,10 +350,15 @@ def test_a_host_not_checked_keeps_its_findings_history(tmp_path):
     body["hosts"]["h1"] = {"transport": "ssh", "address": "127.0.0.1", "port": 1,
                            "user": "root", "root": "/srv/fleet", "agents": {}}
     inv.write_text(yaml.safe_dump(body))
-    second = report(inv, bp, "--history", str(hist), "--now", n2, "--timeout", "10")
+    page = tmp_path / "night2.html"
+    second = report(inv, bp, "--history", str(hist), "--now", n2, "--timeout", "10", "--html",
+                    str(page))
     assert second.code == 2
     assert [(f["subject"], f["state"], f["fails"]) for f in second.doc["findings"]] == [
         ("runner/a.txt", "unchecked", False)]
+    # The chart's night is not a night with fewer findings: the one carried is counted apart.
+    assert [(n["findings"], n["unchecked"]) for n in second.doc["nights"]] == [(1, 0), (0, 1)]
+    assert "and 1 earlier finding(s) not checked (carried)" in page.read_text()
     inv.write_text(good)
     third = report(inv, bp, "--history", str(hist), "--now", n3)
     assert third.code == 1

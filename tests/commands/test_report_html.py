@@ -290,7 +290,8 @@ def test_html_leads_with_tonight_and_labels_every_chart(tmp_path):
     assert "h2/w1: ledger not read (unreadable)" in dom.text["not-checked"]
 
     for chart, x_label, y_label, series in (
-            ("chart-findings-svg", "night (UTC date)", "findings", ["all findings", "failing"]),
+            ("chart-findings-svg", "night (UTC date)", "findings",
+             ["all findings", "failing", "not checked"]),
             ("chart-prefix-svg", "time of the turn (UTC)", "prefix tokens per turn",
              ["h1/w1 (median 51 tokens/turn)"])):
         svg = next(a for t, a, _ in dom.elements if t == "svg" and a.get("id") == chart)

@@ -559,7 +559,7 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
     axes (night, findings), a legend, and a ``<desc>`` that says the numbers in words."""
     pad_l, pad_b, pad_t = 50, 60, 10
     n = max(1, len(nights))
-    top = max([x["findings"] for x in nights] + [1])
+    top = max([x["findings"] + x.get("unchecked", 0) for x in nights] + [1])
     bar_w = min(48.0, (width - pad_l - 10) / n)
     scale = (height - pad_b - pad_t) / top
     if nights:
@@ -567,8 +567,12 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
         most = max(nights, key=lambda x: x["findings"])
         desc = (f"{len(nights)} night(s), {(nights[0]['generated'] or '')[:10]} to "
                 f"{(last['generated'] or '')[:10]}. Tonight: {last['findings']} finding(s), "
-                f"{last['failing']} failing, {last['new']} new. Most: {most['findings']} on "
-                f"{(most['generated'] or '')[:10]}.")
+                f"{last['failing']} failing, {last['new']} new"
+                + (f", and {last['unchecked']} earlier finding(s) not checked (carried)"
+                   if last.get("unchecked") else "")
+                + f". Most: {most['findings']} on {(most['generated'] or '')[:10]}."
+                + "".join(f" {x['generated'][:10]}: {x['unchecked']} not checked."
+                          for x in nights[:-1] if x.get("unchecked") and x.get("generated")))
     else:
         desc = "No night kept yet."
     parts = _svg_open("chart-findings-svg", width, height, "Findings per night", desc)
@@ -577,19 +581,26 @@ def svg_findings_per_night(nights: list[dict[str, Any]], width: int = 640,
         x = pad_l + i * bar_w + 2
         h_all = night["findings"] * scale
         h_fail = night["failing"] * scale
+        h_unchecked = night.get("unchecked", 0) * scale
         label = _e(f"{night['generated']}: {night['findings']} finding(s), "
-                   f"{night['failing']} failing, {night['new']} new")
+                   f"{night['failing']} failing, {night['new']} new"
+                   + (f", {night['unchecked']} not checked" if night.get("unchecked") else ""))
         parts.append(f'<g class="night"><title>{label}</title>'
                      f'<rect class="bar-all" x="{x:.1f}" y="{height - pad_b - h_all:.1f}" '
                      f'width="{max(1.0, bar_w - 4):.1f}" height="{h_all:.1f}" fill="#6baed6"/>'
                      f'<rect class="bar-failing" x="{x:.1f}" y="{height - pad_b - h_fail:.1f}" '
                      f'width="{max(1.0, bar_w - 4):.1f}" height="{h_fail:.1f}" fill="#d62728"/>'
-                     "</g>")
+                     # Findings carried from an earlier night, not checked: grey, on top.
+                     f'<rect class="bar-unchecked" x="{x:.1f}" '
+                     f'y="{height - pad_b - h_all - h_unchecked:.1f}" '
+                     f'width="{max(1.0, bar_w - 4):.1f}" height="{h_unchecked:.1f}" '
+                     'fill="#bbbbbb"/></g>')
         if n <= 14 or i in (0, n - 1):
             parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - pad_b + 14}" '
                          f'text-anchor="middle">{_e((night["generated"] or "")[5:10])}</text>')
-    parts.append(_legend(width - 110, pad_t + 10, [("all findings", "#6baed6"),
-                                                   ("failing", "#d62728")]))
+    parts.append(_legend(width - 130, pad_t + 10, [("all findings", "#6baed6"),
+                                                   ("failing", "#d62728"),
+                                                   ("not checked", "#999999")]))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -772,12 +783,14 @@ def to_html(doc: dict[str, Any]) -> str:
     runners = doc.get("runners") or {"read": bool(doc.get("agents"))}
     p.append('<section id="charts"><h2>Over time</h2>'
              '<figure id="chart-findings"><figcaption>Findings per night (blue: all '
-             "findings; red: the failing part), from the nights kept in --history"
+             "findings; red: the failing part; grey: earlier findings that night could not "
+             "check), from the nights kept in --history"
              f"</figcaption>{svg_findings_per_night(doc['nights'])}"
              + _chart_data("Findings per night, as numbers", ["night", "findings", "failing",
-                                                             "new"],
-                           [[n["generated"], n["findings"], n["failing"], n["new"]]
-                            for n in doc["nights"]], "chart-findings-data")
+                                                             "new", "not checked"],
+                           [[n["generated"], n["findings"], n["failing"], n["new"],
+                             n.get("unchecked", 0)] for n in doc["nights"]],
+                           "chart-findings-data")
              + "</figure>"
              '<figure id="chart-prefix"><figcaption>Prefix tokens per turn, per agent (from '
              "the runners' ledgers)</figcaption>"
