@@ -154,3 +154,15 @@ def test_a_complete_result_passes(scripted, printed):
     assert fleet.run().returncode == 0
     assert fleet.gate("r3", 1, "run")["status"] == "pass"
     assert fleet.ledger()[0]["usage"] == RESULT["usage"]
+
+
+def test_an_error_in_a_file_whose_name_holds_a_colon_is_the_agents(scripted):
+    """``a:b.py:1:1: ...``: the path stopped at its first colon, the line was unparsed and the
+    check a fault (escalated at once, the host's or role's) for an error in the agent's file."""
+    fleet = scripted([[{"write": "pkg/a:b.py", "text": BAD}, {"print": "done"}]],
+                     check=str(FAKES / "badcheck"))
+    fleet.drop("k1", kind="agent", channel=None)
+    assert fleet.run().returncode == 0
+    check = fleet.gate("k1", 1, "check")
+    assert check["details"]["fault"] is False
+    assert check["details"]["new_errors"] == ["pkg/a:b.py:1:1: E1 BAD marker"]

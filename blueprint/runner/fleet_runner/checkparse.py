@@ -47,9 +47,10 @@ from dataclasses import dataclass
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
-_GNU = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):(?:\d+:\d+:)?)?"
+# A path may hold ":" (a file name is anyone's): it ends at the first ":LINE:" after it.
+_GNU = re.compile(r"^(?P<path>[^\s:].*?):(?P<line>\d+):(?:(?P<col>\d+):(?:\d+:\d+:)?)?"
                   r"\s*(?P<msg>.*)\Z")
-_TSC_PRETTY = re.compile(r"^(?P<path>[^\s:][^:]*?):(?P<line>\d+):(?P<col>\d+) - "
+_TSC_PRETTY = re.compile(r"^(?P<path>[^\s:].*?):(?P<line>\d+):(?P<col>\d+) - "
                          r"(?P<msg>(?:error|warning|message)\b.*)\Z")
 _PAREN = re.compile(r"^(?P<path>[^\s(][^(]*?)\((?P<line>\d+),(?P<col>\d+)\):\s*(?P<msg>.*)\Z")
 _ARROW = re.compile(r"^\s*-->\s*(?P<path>.+?):(?P<line>\d+):(?P<col>\d+)\s*\Z")
