@@ -359,6 +359,12 @@ def test_a_host_not_checked_keeps_its_findings_history(tmp_path):
     # The chart's night is not a night with fewer findings: the one carried is counted apart.
     assert [(n["findings"], n["unchecked"]) for n in second.doc["nights"]] == [(1, 0), (0, 1)]
     assert "and 1 earlier finding(s) not checked (carried)" in page.read_text()
+    assert "<td>0 (+1 not checked)</td>" in page.read_text()
+    from fleetctl.cli.output.nightly import to_markdown
+
+    md = to_markdown(second.doc)
+    (row,) = [line for line in md.splitlines() if line.startswith("| h1 |")]
+    assert md_cells(row)[6].strip() == "0 (+1 not checked)"
     inv.write_text(good)
     third = report(inv, bp, "--history", str(hist), "--now", n3)
     assert third.code == 1

@@ -271,18 +271,22 @@ def to_markdown(doc: dict[str, Any], budget_bytes: int = MARKDOWN_BUDGET_BYTES,
                  + f"; fails on: {md_text(', '.join(doc['fail_on']))}.", ""]
     records = {h["host"]: h for h in doc["hosts"]}
     tonight: dict[str, list[dict[str, Any]]] = {}
+    carried: dict[str, int] = {}
     for f in doc["findings"]:
         if f["state"] not in ("resolved", "unchecked"):
             tonight.setdefault(f["host"], []).append(f)
+        elif f["state"] == "unchecked":
+            carried[f["host"]] = carried.get(f["host"], 0) + 1
 
     def host_row(name: str) -> str:
         host = records.get(name, {})
         mine = tonight.get(name, [])
         cells = [md_text(check_cell(checks.get(name, {}).get(c))) for c in ("drift", "creds",
                                                                            "tokens")]
+        more = f" (+{carried[name]} not checked)" if carried.get(name) else ""
         return (f"| {md_text(name)} | {' | '.join(cells)} | "
                 f"{md_text(host.get('release') or '-')} | {md_text(_commit_text(host))} | "
-                f"{len(mine)} | {sum(1 for f in mine if f['fails'])} | "
+                f"{len(mine)}{more} | {sum(1 for f in mine if f['fails'])} | "
                 f"{sum(1 for f in mine if f['state'] == 'new')} |")
     trouble = [f"- **{md_text(c['host'])}: {c['check']} could not run**: "
                f"{md_text(c['error'] or '')}"
@@ -766,6 +770,8 @@ def to_html(doc: dict[str, Any]) -> str:
         host: dict[str, Any] = next((h for h in doc["hosts"] if h["host"] == name), {})
         mine = [f for f in doc["findings"] if f["host"] == name
                 and f["state"] not in ("resolved", "unchecked")]
+        carried = sum(1 for f in doc["findings"] if f["host"] == name
+                      and f["state"] == "unchecked")
         cells = []
         for c in ("drift", "creds", "tokens"):
             r = checks.get(name, {}).get(c)
@@ -778,7 +784,8 @@ def to_html(doc: dict[str, Any]) -> str:
                          f"{_e(check_cell(r))}</td>")
         p.append(f'<tr data-host="{_e(name)}"><th scope="row">{_e(name)}</th>{"".join(cells)}'
                  f"<td>{_e(host.get('release') or '-')}</td><td>{_e(_commit_text(host))}</td>"
-                 f"<td>{len(mine)}</td><td>{sum(1 for f in mine if f['fails'])}</td></tr>")
+                 f"<td>{len(mine)}{f' (+{carried} not checked)' if carried else ''}</td>"
+                 f"<td>{sum(1 for f in mine if f['fails'])}</td></tr>")
     p.append("</tbody></table></section>")
     runners = doc.get("runners") or {"read": bool(doc.get("agents"))}
     p.append('<section id="charts"><h2>Over time</h2>'
