@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,31 @@ from fleetctl.transport.sudoprobe import sudo_refusal
 # handler anywhere, Python's last-resort handler would print it on stderr. fleetctl reports the
 # failure itself, per host, so those records go nowhere.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+def marked(argv: list[str]) -> tuple[str, list[str]]:
+    """``argv`` run behind a random line on stderr, and that line.
+
+    The login's shell runs its start-up files (``.bashrc``, a motd-style banner) before every
+    command, and what they print on stderr would pass for the command's own last words. The
+    line is printed by ``/bin/sh`` once they are done, just before it ``exec``s ``argv``, so
+    whatever follows it is the command's (:func:`last_words`).
+    """
+    mark = "fleetctl-probe-" + secrets.token_hex(8)
+    return mark, ["/bin/sh", "-c", 'printf "%s\\n" "$0" >&2; exec "$@"', mark, *argv]
+
+
+def last_words(stderr: str, mark: str = "") -> str:
+    """The last non-blank line of ``stderr`` after the line ``mark`` (all of it when ``mark``
+    is empty); ``""`` when the command printed nothing there, or the mark is not in the tail.
+    """
+    lines = stderr.splitlines()
+    if mark:
+        if mark not in lines:
+            return ""
+        lines = lines[len(lines) - lines[::-1].index(mark):]
+    said = [ln for ln in lines if ln.strip()]
+    return said[-1].strip() if said else ""
 
 
 class SshChannel(Channel):
@@ -351,8 +377,11 @@ class SshTransport(Transport):
         try:
             chan = self._conn.client.get_transport().open_session(timeout=timeout_s)
             chan.settimeout(timeout_s)
+            mark = ""
             if tty:
                 chan.get_pty()
+            else:  # a pty merges stderr into stdout: nothing of sudo's own to set apart there
+                mark, argv = marked(argv)
             chan.exec_command(shlex.join(argv))
             stderr = StderrTail(chan.recv_stderr)
             if stdin:
@@ -368,8 +397,7 @@ class SshTransport(Transport):
             if chan is not None:
                 with contextlib.suppress(Exception):
                     chan.close()
-        lines = stderr.text().strip().splitlines()
-        return ProbeResult(status, out, lines[-1] if lines else "")
+        return ProbeResult(status, out, last_words(stderr.text(), mark))
 
     def lost(self) -> str | None:
         """``user@host:port`` when the SSH connection dropped (sshd or the session killed, the

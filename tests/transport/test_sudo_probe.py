@@ -32,6 +32,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetctl.transport.ssh import last_words, marked
 from fleetctl.transport.sudoprobe import SudoProbes, decide
 from tests.helpers import cli, make_project, ssh_host, sudoers_args, write_inventory
 from tests.hostenv import write_french_sudo
@@ -40,6 +41,10 @@ from tests.sshd_boxes import write_known_hosts
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/usr/bin/sudo") or not shutil.which("visudo"),
     reason="needs root and sudo (scripts/setup.sh --test installs it)")
+
+# The line a noisy login's start-up prints on stderr before every command.
+NOISE = "motd: /home is 91% full"
+
 
 def entry(login: str, python: str = "/usr/bin/python3") -> str:
     """The exact NOPASSWD line for ``python -c BOOTSTRAP`` (built by the test's own escaping)."""
@@ -103,7 +108,8 @@ def become_host(tmp_path, login_user, sshd_factory, ssh_client_key):
              noise: bool = False) -> BecomeHost:
         shell = top / "login-shell"
         path = f"{bin_dir}:$PATH" if path_prefix else str(bin_dir)
-        says = "echo 'Welcome to web1: last login yesterday'\necho 'motd' >&2\n" if noise else ""
+        says = (f"echo 'Welcome to web1: last login yesterday'\necho '{NOISE}' >&2\n" if noise
+                else "")
         shell.write_text("#!/bin/sh\n# the login's environment, as /etc/profile or PAM set it\n"
                          f"{says}export {env} PATH={path}\nexec /bin/sh \"$@\"\n")
         shell.chmod(0o755)
@@ -143,6 +149,8 @@ def refusal(host: dict, h: BecomeHost, wanted: str) -> tuple[str, str]:
                             "refused to run fleetctl's host-side program as root; "
                             f"{wanted}"), error
     assert "nothing was written or retried" in error
+    # What the login's start-up printed is not sudo's: never quoted as its last words.
+    assert NOISE not in error, error
     return error, hint
 
 
@@ -395,3 +403,20 @@ def test_probes_that_do_not_answer_in_time_never_make_a_verdict_up(silent_from):
     else:
         assert found.sudo_path == "/usr/bin/sudo"  # the last line, after the noise
         assert verdict is None, verdict
+
+
+# One line of text: no character str.splitlines() would break at.
+_line = st.text(st.characters(blacklist_categories=("Cs",),
+                              blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
+                max_size=30)
+
+
+@given(noise=st.lists(_line, max_size=5), words=st.lists(_line, max_size=5))
+def test_what_the_login_printed_before_the_mark_is_never_the_commands_words(noise, words):
+    """Whatever a start-up file printed before the probe's mark (the mark itself included),
+    the words quoted are the command's own last non-blank line after it, or none."""
+    mark, _ = marked(["true"])
+    stderr = "\n".join([*noise, mark, *noise, mark, *words]) + "\n"
+    own = [w.strip() for w in words if w.strip()]
+    assert last_words(stderr, mark) == (own[-1] if own else "")
+    assert last_words("\n".join(noise), mark) == ""
