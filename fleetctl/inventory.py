@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from fleetctl.blueprint import Blueprint, Owner
 from fleetctl.errors import InputError
+from fleetctl.names import show_name
 from fleetctl.protocol import ACCOUNT_NAME_PATTERN
 from fleetctl.secrets import SecretSource, SecretStore
 from fleetctl.yamlfile import display_path, input_error, load_model, load_yaml
@@ -32,6 +35,27 @@ _HOME = re.compile(r"^/[A-Za-z0-9/._+@-]*$")
 def _check_name(value: str, what: str) -> str:
     if not _NAME.fullmatch(value):
         raise ValueError(f"{what} name {value!r} must be letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _one_line(value: str | None) -> str | None:
+    """Refuse a setting that holds a control character (Unicode category Cc: a newline, CR,
+    tab, ESC, DEL...).
+
+    No host, login, path or command a person means holds one, but YAML makes them easily: a
+    block scalar (``root: |``) ends in a newline, a quoted ``"web1\\n"`` holds one. Taken as
+    written, the root would be another directory (``/srv/fleet\\n``, made by the first ship)
+    and the address or login would fail at SSH with the value split over two lines.
+
+    Raises:
+        PydanticCustomError: the value holds one; the message shows it in the escape form.
+    """
+    if value is not None and any(unicodedata.category(c) == "Cc" for c in value):
+        raise PydanticCustomError(
+            "control_character",
+            "must not hold a control character (a newline, CR, tab, ESC...): got {shown}; "
+            "write the value on the key's own line, not as a block scalar (| or >)",
+            {"shown": show_name(value)})
     return value
 
 
@@ -85,6 +109,9 @@ class HostSettings(BaseModel):
     systemctl: str | None = Field(default=None, pattern=r"^\S+$")
     vars: dict[str, Any] = Field(default_factory=dict)
 
+    _one_line_settings = field_validator("user", "identity_file", "known_hosts", "root", "python",
+                                         "systemd_unit_dir", "systemctl")(_one_line)
+
     @field_validator("systemd_unit_dir")
     @classmethod
     def _absolute_unit_dir(cls, value: str | None) -> str | None:
@@ -98,6 +125,8 @@ class HostSpec(HostSettings):
 
     address: str | None = None
     agents: dict[str, AgentSpec] = Field(default_factory=dict)
+
+    _one_line_address = field_validator("address")(_one_line)
 
     @field_validator("agents")
     @classmethod
