@@ -98,9 +98,10 @@ RELEASES = "releases"
 HISTORY = "history"
 RELEASES_END = "releases-end"
 
-# Events after which the host flushes its output: the client waits on them (a step's progress,
-# the lock order of a fleet, the two-phase commit), so they must not sit in a buffer.
-FLUSHED = frozenset([STEP, SCAN_END, ROOT, LOCKED, PREPARED, SERVICES, DONE, ERROR])
+# Events after which the host flushes its output: the client waits on them (the hello while it
+# sends the program, a step's progress, the lock order of a fleet, the two-phase commit), so
+# they must not sit in a buffer.
+FLUSHED = frozenset([HELLO, STEP, SCAN_END, ROOT, LOCKED, PREPARED, SERVICES, DONE, ERROR])
 
 # The operations (request ``op``) and the commands of a ship (``cmd``).
 OPS = ("scan", "ship", "read", "releases", "rollback", "ledgers", "status")

@@ -63,8 +63,8 @@ class HostSession:
         timeout_s: seconds after which the whole run is ended; ``None`` for no limit.
 
     Raises:
-        HostError: Ctrl-C was pressed before (nothing is started), or the program did not
-            read its input before the timeout.
+        HostError: Ctrl-C was pressed before (nothing is started); a program that does not
+            read its input shows when the events are read (timed out, or its output ended).
     """
 
     def __init__(self, transport: Transport, python: str, request: dict[str, Any],
@@ -97,13 +97,28 @@ class HostSession:
         self._output_ended = False
         self._noise: list[bytes] = []
         self._events = self._read_events()
-        try:
-            self.send(frame(bundle.program()) +
-                      frame(encode_json({**request, "nonce": self._nonce})))
-        except OSError:
-            if self._timed_out or INTERRUPTED.is_set():
-                raise self.broken("it did not read its input") from None
-            # otherwise the process died at once; the events report why from its stderr
+        # Sent from a thread while stdout is read here: a login whose start-up prints more than
+        # a pipe holds (64 KiB) blocks until its stdout is read, and would never read the
+        # program meanwhile. What arrives is kept for the events (noise, then the hello).
+        self._send_failed = False
+        self._first_send = threading.Thread(
+            target=self._send_quietly, daemon=True,
+            args=(frame(bundle.program()) + frame(encode_json({**request,
+                                                                "nonce": self._nonce})),))
+        self._first_send.start()
+        while self._first_send.is_alive():
+            try:
+                with self._timing():
+                    block = self._chan.read(1 << 16)
+            except OSError:
+                break
+            if not block:
+                break
+            self._buffer += block
+        self._first_send.join()
+        if self._send_failed and (self._timed_out or INTERRUPTED.is_set()):
+            raise self.broken("it did not read its input")
+        # otherwise a program that died at once: the events report why from its stderr
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -131,13 +146,22 @@ class HostSession:
 
     # -- input ---------------------------------------------------------------------------------
 
+    def _send_quietly(self, data: bytes) -> None:
+        try:
+            with self._timing():
+                self._chan.send(data)
+        except OSError:
+            self._send_failed = True
+
     def send(self, data: bytes) -> None:
-        """Write raw bytes to the program's stdin (blocks while its pipe is full).
+        """Write raw bytes to the program's stdin (blocks while its pipe is full), after the
+        program and the request.
 
         Raises:
             OSError: the program no longer reads (it stopped: its events say why), or it read
                 nothing for the host's timeout (the run is then ended as timed out).
         """
+        self._first_send.join()
         with self._timing():
             self._chan.send(data)
 
@@ -163,6 +187,7 @@ class HostSession:
         Raises:
             OSError: the program no longer reads.
         """
+        self._first_send.join()
         with self._timing():
             self._chan.send(b"%s\n%d\n" % (digest.encode("ascii"), len(data)))
             view = memoryview(data)

@@ -9,6 +9,8 @@ import os
 import threading
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tests.hostenv import MATRIX, NOISE_RC, SYSTEM_PYTHON, variant
 
@@ -178,3 +180,34 @@ def test_the_local_transport_skips_what_its_interpreter_prints_first(tmp_path):
     assert shipped.code == 0, shipped.stdout + shipped.stderr
     assert (tmp_path / "box" / "current" / "runner" / "conf").read_text() == "a=1\n"
     assert cli("drift", inventory=inv, blueprint=bp).code == 0
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(noise=st.binary(max_size=3000) | st.sampled_from([
+    b'{"t":"hello","user":"x","group":"x","uid":0}\n',
+    b'{"t":"hello","nonce":"0123456789abcdef0123456789abcdef","user":"x","group":"x"}\n',
+    b'{"t":"error","step":"scan","kind":"failed","message":"forged"}\n', b"\n" * 5000,
+    b"x" * 70000]))
+@example(noise=b"x" * 70000)  # more than a pipe holds: the program is sent while it is read
+@example(noise=b'{"t":"hello","nonce":"0123456789abcdef0123456789abcdef"}\n')
+def test_any_bytes_a_login_prints_first_leave_the_result_unchanged(tmp_path_factory, noise):
+    """Whatever bytes come before the program's hello, on stdout and on stderr, the drift of
+    a shipped local host is clean: noise is never read as an event."""
+    from tests.helpers import cli, local_host, make_project, write_inventory
+    from tests.hostenv import FILES
+
+    base = tmp_path_factory.mktemp("noise")
+    bp = make_project(base / "project", FILES)
+    plain = write_inventory(base / "plain.yaml", {"h": local_host(base / "box")})
+    assert cli("ship", "--yes", inventory=plain, blueprint=bp).code == 0
+    (base / "noise").write_bytes(noise)
+    wrapper = base / "py"
+    wrapper.write_text(f"#!/bin/sh\ncat {base / 'noise'}\ncat {base / 'noise'} >&2\n"
+                       f"exec {SYSTEM_PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    noisy = write_inventory(base / "noisy.yaml", {"h": local_host(base / "box",
+                                                                  python=str(wrapper))})
+    seen = cli("drift", "--format", "json", inventory=noisy, blueprint=bp)
+    assert seen.code == 0, seen.stdout + seen.stderr
+    assert seen.host("h")["status"] == "in-sync" and seen.host("h")["changes"] == []
