@@ -615,7 +615,7 @@ def parse_expires(value: Any) -> dt.date:
         raise ValueError(f"expected a date, got a {type(value).__name__}")
     text = value.strip()
     if not (len(text) == 10 and text[4] == text[7] == "-"
-            and (text[:4] + text[5:7] + text[8:]).isdigit()):
+            and (text[:4] + text[5:7] + text[8:]).isdigit() and text.isascii()):
         raise ValueError(f"{printable(text)!r} is not a date")
     try:
         return dt.date.fromisoformat(text)

@@ -59,6 +59,9 @@ BAD = [
     ("    expires: yes", "true is yes/no to YAML, not a date"),
     ("    expires: [2026-12-01]", "expected a date, got a list"),
     ("    expires:", "accept[1].expires: empty"),
+    # str.isdigit() takes other scripts' digits: these are no date, not a bad day.
+    ("    expires: '\uff12\uff10\uff12\uff16-12-31'", "'\uff12\uff10\uff12\uff16-12-31' is not a date"),
+    ("    expires: '2026-12-\u00b9\u00b2'", "'2026-12-\u00b9\u00b2' is not a date"),
 ]
 
 
