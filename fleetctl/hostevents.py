@@ -152,6 +152,10 @@ def decode_event(line: bytes) -> HostEvent | dict[str, Any]:
     return decoder(t, obj) if decoder is not None else Other(t, obj)
 
 
+# The hint of a host's error in a step before the switch: it holds while the host had a release.
+PREVIOUS_IN_USE = "the previous release is still in use"
+
+
 def error_from_event(label: str, event: dict[str, Any]) -> Exception:
     """Map a host-side error event to the exception type the CLI turns into an exit code.
 
@@ -172,8 +176,8 @@ def error_from_event(label: str, event: dict[str, Any]) -> Exception:
     if kind in p.REFUSALS:
         return ShipRefused(message, step=event.get("step"))
     if kind == p.KIND_PERMISSION:
-        return PermissionDenied(message, hint="the previous release is still in use",
+        return PermissionDenied(message, hint=PREVIOUS_IN_USE,
                                 step=event.get("step"))
-    return HostError(message, hint="the previous release is still in use"
+    return HostError(message, hint=PREVIOUS_IN_USE
                      if event.get("step") not in (None, "scan", "lock") else None,
                      step=event.get("step"))

@@ -35,7 +35,7 @@ from fleetctl.errors import (
     ShipRefused,
 )
 from fleetctl.fanout import fan_out, wait_interruptible
-from fleetctl.hostevents import Done, Step, WarningEvent
+from fleetctl.hostevents import PREVIOUS_IN_USE, Done, Step, WarningEvent
 from fleetctl.inventory import Host
 from fleetctl.livestate import LiveState, read_scan
 from fleetctl.manifest import Manifest
@@ -66,6 +66,11 @@ from fleetctl.services import render_units, services_request
 from fleetctl.session import HostSession
 from fleetctl.source import SourceState, ancestry, operator, utc_now
 from fleetctl.transport import Transport, open_transport
+
+# The hint of a ship that fails before the switch on a host that had no release: the host
+# program's own hint (hostevents.PREVIOUS_IN_USE) would name a previous release there is not.
+FIRST_SHIP_FAILED = ("no release is in use: this was the host's first ship; fix the cause and "
+                     "ship again")
 
 
 def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
@@ -397,6 +402,8 @@ class HostShip:
             after = "the release in use is unchanged"
         elif result.step in ("services", "prune"):
             after = "the new release is in use"  # these steps come after the switch
+        elif result.previous is None:
+            after = FIRST_SHIP_FAILED
         else:
             after = "the previous release stays in use"
         ended = self._session.broken(f"it ended during step {result.step or 'send'}; {after}")
@@ -409,6 +416,9 @@ class HostShip:
         result.step = exc.step or result.step
         if command.get("cmd") == "ship" and result.step in ("services", "prune"):
             result.release = command["release"]  # after the switch: the new release stays
+        elif (command.get("cmd") == "ship" and result.previous is None
+              and exc.hint == PREVIOUS_IN_USE):
+            exc.hint = FIRST_SHIP_FAILED  # the host's first ship: there is no previous one
         if result.step == "services":
             exc.hint = (f"the new release {command['release']} is in use; fix the cause and "
                         "ship again: a ship with nothing to change still installs and starts "

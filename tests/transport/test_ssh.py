@@ -625,6 +625,24 @@ def test_disk_full_while_receiving_is_reported_at_receive(tmp_path, mount_tmpfs,
     assert run.host("web1")["step"] == "receive", run.host("web1")
 
 
+def test_a_first_ship_that_does_not_fit_claims_no_previous_release(
+        tmp_path, mount_tmpfs, sshd_pool, ssh_client_key, ssh_known_hosts):
+    """The host's first ship fills the disk: there is no previous release, so the error must not
+    say one "is still in use"; it says none is, and the root indeed holds no release."""
+    root = mount_tmpfs("256k") / "root"
+    bp = project(tmp_path, {**RUNNER, "big.bin": os.urandom(1 << 20)})
+    inv = write_inventory(tmp_path / "inv.yaml",
+                          {"web1": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, root)})
+    run = ship(inv, bp)
+    assert run.code == 2, run.stdout + run.stderr
+    result = run.host("web1")
+    assert "No space left on device" in result["error"], result
+    assert "previous release" not in (result["hint"] or "") + result["error"], result
+    assert "no release is in use" in result["hint"], result
+    assert not os.path.lexists(root / "current")
+    assert not (root / "releases").exists() or os.listdir(root / "releases") == []
+
+
 # Forty files with long names: the release record (one JSON entry per file) spans several pages.
 MANY = {f"file-with-a-long-name-so-the-release-record-spans-pages-{i:03d}": f"{i}\n"
         for i in range(40)}
