@@ -133,6 +133,9 @@ class HistoryEntry:
             ``aborted``, ``hangup``, ``interrupted``...).
         message: for ``failed``, the host's error message.
         path: for ``failed``, the path the error names, if any.
+        items: for ``failed``, every path the error is about with what was refused there
+            (``(path, what)``: an owner that could not be set...), at most the host's 100.
+        items_total: how many paths the error was about (``len(items)`` unless cut).
     """
 
     host: str
@@ -148,13 +151,16 @@ class HistoryEntry:
     error: str | None = None
     message: str | None = None
     path: str | None = None
+    items: tuple[tuple[str, str], ...] = ()
+    items_total: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """The entry as a JSON object (the keys above)."""
+        """The entry as a JSON object (the keys above; ``items`` as ``[[path, what], ...]``)."""
         return {"host": self.host, "kind": self.kind, "time": self.time, "by": self.by,
                 "release": self.release, "previous": self.previous, "commit": self.commit,
                 "clean": self.clean, "forced": self.forced, "step": self.step,
-                "error": self.error, "message": self.message, "path": self.path}
+                "error": self.error, "message": self.message, "path": self.path,
+                "items": [list(item) for item in self.items], "items_total": self.items_total}
 
 
 @dataclass(slots=True)
@@ -258,7 +264,18 @@ def _history_entry(host: str, line: Any) -> HistoryEntry | None:
                         _text(data.get("by")), release, previous, commit, clean,
                         _forced(data.get("forced")), _text(data.get("step")),
                         _text(data.get("error")), _text(data.get("message")),
-                        _text(data.get("path")))
+                        _text(data.get("path")), *_items(data))
+
+
+def _items(data: dict[str, Any]) -> tuple[tuple[tuple[str, str], ...], int]:
+    """A failed line's ``items`` and ``items_total``; malformed items are skipped."""
+    raw = data.get("items")
+    items = tuple((p, w) for p, w in (x for x in raw if isinstance(x, list) and len(x) == 2)
+                  if isinstance(p, str) and isinstance(w, str)) if isinstance(raw, list) else ()
+    total = data.get("items_total")
+    if not isinstance(total, int) or isinstance(total, bool) or total < len(items):
+        total = len(items)
+    return items, total
 
 
 @dataclass(frozen=True, slots=True)

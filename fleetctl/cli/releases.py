@@ -133,7 +133,10 @@ def _failure_detail(e: HistoryEntry) -> list[str]:
     where = f" ({show_name(e.path)})" if e.path else ""
     return [f"    {e.time or '(time not recorded)'} at step {e.step or '(unknown)'} by "
             f"{show_name(e.by or '(not recorded)')}; {_commit_text(e.commit, e.clean)}",
-            f"    {printable(e.error or 'failed')}: {printable(e.message or '')}{where}"]
+            f"    {printable(e.error or 'failed')}: {printable(e.message or '')}{where}",
+            *(f"      {show_name(path)}: {printable(what)}" for path, what in e.items),
+            *([f"      ... and {e.items_total - len(e.items)} more"]
+              if e.items_total > len(e.items) else [])]
 
 
 def history_lines(e: HistoryEntry) -> list[str]:

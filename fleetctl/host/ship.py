@@ -242,11 +242,11 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
     made_release = False
     step = "prepare"
 
-    def failed(step, kind, message, path=None):
+    def failed(step, kind, message, path=None, items=None):
         """On the way out of a ship that stopped before its switch (best effort throughout)."""
         cleanup(emit, stage, blob_dir, root, release, made_release)
         if not created_root:
-            record_failure(emit, root, failure, step, kind, message, path)
+            record_failure(emit, root, failure, step, kind, message, path, items)
         try:
             os.unlink(attempt)
         except OSError:
@@ -369,7 +369,7 @@ def _ship(emit, inp, root, command, state, scanned, created_root, guard):
         return 0
     except Stop as stop:
         failed(stop.event["step"], stop.event["kind"], stop.event["message"],
-               stop.event["path"])
+               stop.event["path"], stop.event.get("items"))
         raise
     except OSError as exc:
         kind = "permission" if exc.errno in (errno.EACCES, errno.EPERM) else "failed"

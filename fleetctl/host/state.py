@@ -406,17 +406,30 @@ def failure_entry(release, previous, meta):
             "forced": meta.get("forced"), "allow_dirty": meta.get("allow_dirty")}
 
 
-def record_failure(emit, root, entry, step, kind, message, path=None):
+#: At most this many of an error's paths go into its history line (an error about every file
+#: of a large tree must not make one line of megabytes); ``items_total`` says how many there were.
+FAILURE_PATHS_MAX = 100
+
+
+def record_failure(emit, root, entry, step, kind, message, path=None, items=None):
     """Append the history line of a failed ship: ``entry`` (:func:`failure_entry`) with the
     host's ``time``, the ``step`` it stopped at, the error's ``kind``, ``message`` and
-    ``path``. Best effort: nothing is written through a state directory that is not a real
-    directory of the root (a symlink), and a failure to write is at most a warning."""
+    ``path``. An error about several paths (``items``, ``[[path, what], ...]`` as
+    :class:`~fleetctl.host.wire.Stop` carries them) records them as ``items`` (at most
+    :data:`FAILURE_PATHS_MAX`, and ``items_total``), its first path as ``path``. Best effort:
+    nothing is written through a state directory that is not a real directory of the root (a
+    symlink), and a failure to write is at most a warning."""
     try:
         if not stat.S_ISDIR(os.lstat(os.path.join(root, STATE_DIR_B)).st_mode):
             return
     except OSError:
         return
     line = dict(entry)
+    if items:
+        if path is None:
+            path = items[0][0]
+        line["items"] = [list(item) for item in items[:FAILURE_PATHS_MAX]]
+        line["items_total"] = len(items)
     line.update({"time": host_now(), "step": step, "error": kind, "message": message,
                  "path": path})
     append_history(emit, root, line)

@@ -423,3 +423,29 @@ def test_every_home_that_cannot_be_given_to_its_agent_is_named(tmp_path, real_us
     assert lines == [f"  {homes[a]}: {u}:{u}: Invalid argument" for a, u in users.items()], \
         result["error"]
     assert not (tmp_path / "box" / "current").exists()
+
+
+def test_a_failed_ship_about_several_paths_keeps_every_one_in_the_history(tmp_path):
+    """An error about every path whose owner could not be set (two here) is recorded in the
+    host's history with each path and the owner refused, and ``history`` shows them all
+    (before: the line kept no path at all once the error named more than one)."""
+    f = Fleet(tmp_path, {"runner": {"a": "a\n", "b": "b\n", "c": "c\n"}})
+    assert f.ship().code == 0
+    build_tree(f.bp, {"attributes.yaml": (
+        "files:\n  - match: runner/a\n    owner: no-such-user-qa:root\n"
+        "  - match: runner/b\n    owner: no-such-user-qb:root\n")})
+    f.commit()
+    assert f.ship().code == 2
+    import json
+    lines = [json.loads(x) for x in (f.root / ".fleetctl" / "history.jsonl").read_text()
+             .splitlines()]
+    failed = lines[-1]
+    assert (failed["kind"], failed["step"], failed["items_total"]) == ("failed", "assemble", 2)
+    assert [p for p, _ in failed["items"]] == ["runner/a", "runner/b"]
+    assert "no-such-user-qa" in failed["items"][0][1]
+    assert "no-such-user-qb" in failed["items"][1][1]
+    doc = cli("history", "--format", "json", inventory=f.inv).doc
+    (entry,) = [e for e in doc["entries"] if e["kind"] == "failed"]
+    assert entry["items"] == failed["items"] and entry["path"] == "runner/a"
+    shown = cli("history", inventory=f.inv).stdout
+    assert "runner/a: no-such-user-qa" in shown and "runner/b: no-such-user-qb" in shown

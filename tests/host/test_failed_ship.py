@@ -84,7 +84,10 @@ def test_a_ship_that_fails_at_assemble_is_recorded_and_leaves_no_release(host):
         "kind": "failed", "release": rid(2), "previous": rid(1), "by": "alice@desk",
         "started": "2026-02-01T10:00:00Z", "host": "web1", "source": SOURCE,
         "step": "assemble", "error": "failed", "path": "b"}
-    assert "no-such-user-zz" in line["message"] and line["time"].endswith("Z")
+    # The error names every path it is about, each with the owner refused (one here).
+    (item,) = line["items"]
+    assert item[0] == "b" and "no-such-user-zz" in item[1] and line["items_total"] == 1
+    assert line["time"].endswith("Z")
 
 
 @pytest.mark.parametrize("cut, step", [("receive", "receive"), ("commit", "commit")])
