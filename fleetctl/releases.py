@@ -222,7 +222,7 @@ def read_releases(host: Host) -> HostReleases:
                 commit, clean, _text(meta.get("shipped_by")), _forced(meta.get("forced")),
                 meta.get("allow_dirty") is True, _text(event.get("problem"))))
         elif kind == "history":
-            entry = _history_entry(host.name, event.get("line"))
+            entry = history_entry(host.name, event.get("line"))
             if entry is None:
                 out.warnings.append("skipped a history line that is not a ship or rollback "
                                     "record")
@@ -247,7 +247,10 @@ def _with_history(release: ReleaseInfo, history: list[HistoryEntry]) -> ReleaseI
     return replace(release, in_use_since=since, rolled_back=away)
 
 
-def _history_entry(host: str, line: Any) -> HistoryEntry | None:
+def history_entry(host: str, line: Any) -> HistoryEntry | None:
+    """One line of a host's history (str, JSON) as a :class:`HistoryEntry`, or ``None`` when
+    it is no ship, failed ship or rollback line fleetctl can use (``host``: the inventory name,
+    used when the line names none)."""
     try:
         data = json.loads(line) if isinstance(line, str) else None
     except ValueError:

@@ -14,10 +14,15 @@ failure never stops the others) gives:
   (``standing-denials/``: a refused permission that holds every new task until a person clears
   it) with the command that clears each on the host.
 
+- per host, what needs a person besides its agents: entries of ``releases/`` fleetctl did not
+  make (foreign), a last ship that failed (the newest history line is ``failed``) or was
+  killed before its switch (an attempt file no ship holds the lock for), a ship in progress
+  (the lock held), each with its release id whole.
+
 Exit codes (DESIGN.md §4): 0 nothing needs attention, 1 attention needed (an escalation
 waiting, a standing denial, a last task that gave up, was denied or refused, a host with no
-release), 2 a host, or
-an agent's records, could not be read.
+release, foreign entries, a failed or killed last ship, a ship in progress), 2 a host, or an
+agent's records, could not be read.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
+from fleetctl.releases import ForeignEntry, HistoryEntry, history_entry
 
 SCHEMA_VERSION = 1
 ATTENTION_OUTCOMES = ("gave-up", "denied", "refused")
@@ -114,7 +120,23 @@ class AgentStatus:
 
 @dataclass(slots=True)
 class HostStatus:
-    """One host: ``status`` ``ok`` or ``error`` (could not be read), its release and commit."""
+    """One host: ``status`` ``ok`` or ``error`` (could not be read), its release and commit.
+
+    Attributes:
+        host: the inventory name.
+        status: ``ok`` (read) or ``error`` (could not be read: ``error`` says why).
+        release, commit, shipped_by, shipped_at: the release in use and its record's
+            provenance; ``release`` ``None`` when none is in use.
+        foreign: the entries of ``releases/`` fleetctl did not make (never counted, followed
+            or removed): their names (as the host sent them) and reasons.
+        failed_ship: the newest line of the host's history when it is a failed ship (no later
+            ship or rollback settled it), or ``None``.
+        interrupted: the ships killed before their switch (an attempt file left, no ship
+            holding the lock), as the history line the next ship will write for each.
+        ship_in_progress: the process holding the host's ship lock (``pid N``) while it was
+            read, or ``None``.
+        agents: each agent's runner records.
+    """
 
     host: str
     status: str = "ok"
@@ -123,12 +145,30 @@ class HostStatus:
     commit: str | None = None
     shipped_by: str | None = None
     shipped_at: str | None = None
+    foreign: list[ForeignEntry] = field(default_factory=list)
+    failed_ship: HistoryEntry | None = None
+    interrupted: list[HistoryEntry] = field(default_factory=list)
+    ship_in_progress: str | None = None
     agents: list[AgentStatus] = field(default_factory=list)
 
+    @property
+    def attention(self) -> bool:
+        """Whether the host itself needs a person: no release in use, foreign entries in
+        ``releases/``, a last ship that failed or was killed, a ship in progress."""
+        return (self.release is None or bool(self.foreign) or self.failed_ship is not None
+                or bool(self.interrupted) or self.ship_in_progress is not None)
+
     def to_json(self) -> dict[str, Any]:
+        read = self.status != "error"
         return {"host": self.host, "status": self.status, "error": self.error,
                 "release": self.release, "commit": self.commit, "shipped_by": self.shipped_by,
-                "shipped_at": self.shipped_at, "agents": [a.to_json() for a in self.agents]}
+                "shipped_at": self.shipped_at,
+                "attention": self.attention if read else None,
+                "foreign": [f.to_json() for f in self.foreign] if read else None,
+                "failed_ship": self.failed_ship.to_json() if self.failed_ship else None,
+                "interrupted_ships": [e.to_json() for e in self.interrupted] if read else None,
+                "ship_in_progress": self.ship_in_progress,
+                "agents": [a.to_json() for a in self.agents]}
 
 
 @dataclass(slots=True)
@@ -141,7 +181,7 @@ class FleetStatus:
         person, else 0."""
         if any(h.status == "error" or any(a.errors for a in h.agents) for h in self.hosts):
             return EXIT_ERROR
-        if any(h.release is None or any(a.attention for a in h.agents) for h in self.hosts):
+        if any(h.attention or any(a.attention for a in h.agents) for h in self.hosts):
             return EXIT_FINDINGS
         return EXIT_OK
 
@@ -153,6 +193,7 @@ def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
     for e in events:
         if e.get("t") == "release":
             status.release = e.get("current")
+            _host_story(status, e)
             meta = e.get("meta") or {}
             source = meta.get("source")
             status.commit = source.get("commit") if isinstance(source, dict) else None
@@ -185,6 +226,25 @@ def apply_events(status: HostStatus, events: list[dict[str, Any]]) -> None:
                 else:
                     a.outcome = "running"
                     a.attempts = int(last.get("attempts_recorded") or 0)
+
+
+def _host_story(status: HostStatus, event: dict[str, Any]) -> None:
+    """The foreign entries of ``releases/``, a failed or killed last ship and a ship in
+    progress, from the ``status`` op's ``release`` event, into ``status``."""
+    for f in event.get("foreign") or []:
+        if isinstance(f, dict):
+            name = f.get("name")
+            reason = f.get("reason")
+            status.foreign.append(ForeignEntry(name if isinstance(name, str) else repr(name),
+                                               "foreign", reason if isinstance(reason, str)
+                                               else None))
+    failed = history_entry(status.host, event.get("failed"))
+    status.failed_ship = failed if failed is not None and failed.kind == "failed" else None
+    status.interrupted = [e for e in (history_entry(status.host, line)
+                                      for line in event.get("interrupted") or [])
+                          if e is not None]
+    holder = event.get("ship_in_progress")
+    status.ship_in_progress = holder if isinstance(holder, str) and holder else None
 
 
 def _read_host(host: Any, status: HostStatus) -> None:

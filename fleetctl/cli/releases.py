@@ -124,12 +124,14 @@ def release_lines(found: HostReleases) -> list[str]:
     if failed:
         lines.append("ships that failed on this host (none became a release):")
         for e in failed:
-            lines += [f"  {e.release or '(no id)'}", *_failure_detail(e)]
+            lines += [f"  {e.release or '(no id)'}", *failure_detail(e)]
     lines += [f"warning: {printable(w)}" for w in found.warnings]
     return lines
 
 
-def _failure_detail(e: HistoryEntry) -> list[str]:
+def failure_detail(e: HistoryEntry) -> list[str]:
+    """A failed ship's when, step, who and commit, then its error and path: two lines,
+    indented four spaces."""
     where = f" ({show_name(e.path)})" if e.path else ""
     return [f"    {e.time or '(time not recorded)'} at step {e.step or '(unknown)'} by "
             f"{show_name(e.by or '(not recorded)')}; {_commit_text(e.commit, e.clean)}",
@@ -150,7 +152,7 @@ def history_lines(e: HistoryEntry) -> list[str]:
     head = f"{head}  {release}" if len(head) + 2 + len(release) <= WIDTH else \
         f"{head}\n    {release}"
     if e.kind == "failed":
-        return [head, *_failure_detail(e)]
+        return [head, *failure_detail(e)]
     forced = ", forced" if e.forced else ""
     return [head, f"    from {e.previous or '(none)'}; {_commit_text(e.commit, e.clean)}; by "
                   f"{show_name(e.by or '(not recorded)')}{forced}"]

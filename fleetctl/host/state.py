@@ -336,17 +336,25 @@ def last_shipped(root):
 def _history_releases(root, kind):
     """The ``release`` of each history line of ``kind``, oldest first (unreadable lines and a
     missing history are skipped)."""
+    return [entry["release"] for _line, entry in read_history(root)
+            if entry.get("kind") == kind and isinstance(entry.get("release"), str)]
+
+
+def read_history(root):
+    """Every usable line of the history, oldest first: ``(line, entry)``, the line as str
+    (without its newline) and the JSON object it holds. A line that is no JSON object (one
+    cut short included) and a missing history are skipped."""
     found = []
     try:
         with open(history_path(root), "rb") as fh:
             for raw in fh:
+                line = raw.rstrip(b"\n").decode("utf-8", "surrogateescape")
                 try:
-                    entry = json.loads(raw.decode("utf-8", "surrogateescape"))
+                    entry = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(entry, dict) and entry.get("kind") == kind and \
-                        isinstance(entry.get("release"), str):
-                    found.append(entry["release"])
+                if isinstance(entry, dict):
+                    found.append((line, entry))
     except OSError:
         pass
     return found
@@ -435,22 +443,19 @@ def record_failure(emit, root, entry, step, kind, message, path=None, items=None
     append_history(emit, root, line)
 
 
-def recover_attempts(emit, root, current, write_history=True):
-    """Under the lock, before a ship: close what a killed ship left (its attempt file).
-
-    For each ``.fleetctl/attempt-<id>.json``: when ``<id>`` is neither the release in use nor
-    one a ship line of the history names, the ship never switched to it, so its release (if
-    it got so far) and records are removed and a history line (kind ``failed``, step
-    ``unknown``, error ``interrupted``) says so, with who, when and which commit from the
-    attempt file; otherwise the ship did switch and only the file goes. Best effort: trouble
-    here is a warning, never a failed ship.
-    """
+def read_attempts(root, current):
+    """The attempt files under ``.fleetctl/`` (read only), sorted by name: ``{"release"
+    (bytes), "path" (bytes), "entry" (the failure line it holds, :func:`failure_entry`),
+    "killed"}``. ``killed``: the ship never switched to its release (it is neither
+    ``current`` nor named by a ship line of the history), so unless a ship holds the lock now
+    it was killed before its switch; otherwise the ship did switch and only the file is left.
+    A state directory that cannot be listed has none."""
     state_dir = os.path.join(root, STATE_DIR_B)
     try:
         names = sorted(os.listdir(state_dir))
     except OSError:
-        return
-    shipped = None
+        return []
+    found, shipped = [], None
     for name in names:
         if not (name.startswith(ATTEMPT_PREFIX) and name.endswith(b".json")):
             continue
@@ -465,18 +470,69 @@ def recover_attempts(emit, root, current, write_history=True):
             entry = None
         if not isinstance(entry, dict):
             entry = failure_entry(release, None, {})
+        found.append({"release": release, "path": path, "entry": entry,
+                      "killed": dec(release) != current and dec(release) not in shipped
+                      and bool(protocol.RELEASE_ID.match(dec(release)))})
+    return found
+
+
+INTERRUPTED_MESSAGE = ("the ship ended without a word (its process was killed, or the host "
+                       "went down); found and cleared by the next ship")
+
+
+def recover_attempts(emit, root, current, write_history=True):
+    """Under the lock, before a ship: close what a killed ship left (its attempt file).
+
+    For each ``.fleetctl/attempt-<id>.json`` (:func:`read_attempts`): when the ship never
+    switched to ``<id>``, its release (if it got so far) and records are removed and a
+    history line (kind ``failed``, step ``unknown``, error ``interrupted``) says so, with who,
+    when and which commit from the attempt file; otherwise the ship did switch and only the
+    file goes. Best effort: trouble here is a warning, never a failed ship.
+    """
+    for attempt in read_attempts(root, current):
+        release, path = attempt["release"], attempt["path"]
         try:
-            if dec(release) != current and dec(release) not in shipped and \
-                    protocol.RELEASE_ID.match(dec(release)):
+            if attempt["killed"]:
                 for record in (record_path(root, release), creds_record_path(root, release)):
                     if os.path.lexists(record):
                         os.unlink(record)
                 force_rmtree(emit, os.path.join(root, b"releases", release))
                 if write_history:
-                    record_failure(emit, root, entry, "unknown", "interrupted",
-                                   "the ship ended without a word (its process was killed, or "
-                                   "the host went down); found and cleared by the next ship")
+                    record_failure(emit, root, attempt["entry"], "unknown", "interrupted",
+                                   INTERRUPTED_MESSAGE)
             os.unlink(path)
         except OSError as exc:
             emit({"t": WARNING, "message": f"could not clear {dec(path)}, left by an "
                   f"interrupted ship: {os_error_text(exc)}"})
+
+
+def ship_story(root, current):
+    """What the host says of its last ships, read only (the lock is read from /proc/locks,
+    never tried): ``{"ship_in_progress", "failed", "interrupted"}``.
+
+    - ``ship_in_progress``: the process holding the ship lock (``"pid N"``), or ``None``.
+    - ``failed``: the newest history line (str, :func:`read_history`) when it is a ``failed``
+      ship, else ``None``: a later ship or rollback settles it.
+    - ``interrupted``: per ship killed before its switch (an attempt file no ship holds the
+      lock for, :func:`read_attempts`), the line the next ship will write for it (str; kind
+      ``failed``, step ``unknown``, error ``interrupted``, ``time`` when it began), oldest
+      first. While a ship holds the lock its attempt file is its own: none is listed.
+
+    ``current``: the release in use (str) or ``None``.
+    """
+    attempts = [a for a in read_attempts(root, current) if a["killed"]]
+    holder = lock_holder(root).strip(" ()") or None if os.path.isdir(root) else None
+    interrupted = []
+    if holder is None:
+        for attempt in attempts:
+            if not os.path.lexists(attempt["path"]):
+                continue  # the ship ended (and removed it) since the directory was listed
+            line = dict(attempt["entry"])
+            line.update({"kind": "failed", "time": line.get("started"), "step": "unknown",
+                         "error": "interrupted", "message": INTERRUPTED_MESSAGE.split(";")[0],
+                         "path": None})
+            interrupted.append(json.dumps(line, sort_keys=True, separators=(",", ":")))
+    history = read_history(root)
+    last = history[-1] if history else None
+    failed = last[0] if last is not None and last[1].get("kind") == "failed" else None
+    return {"ship_in_progress": holder, "failed": failed, "interrupted": interrupted}

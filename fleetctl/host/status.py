@@ -6,7 +6,13 @@ import os
 import re
 import shlex
 
-from fleetctl.host.state import read_identity, record_meta
+from fleetctl.host.state import (
+    FOREIGN_ENTRY,
+    classify_releases,
+    read_identity,
+    record_meta,
+    ship_story,
+)
 from fleetctl.host.wire import dec, enc, os_error_text
 from fleetctl.protocol import AGENT_STATUS, RELEASE, STATUS_END
 
@@ -150,9 +156,12 @@ def _standing_denials(root, state, agent, errors, unread):
 
 
 def read_status(emit, root, request):
-    """Op ``status``: the release in use and its provenance, and for each named agent its
-    runner's records (last task, escalations in the notify spool, the ledger's last prefix
-    totals, standing denials); read only."""
+    """Op ``status``: the release in use and its provenance, the entries of ``releases/``
+    fleetctl did not make (``foreign``: ``{"name", "reason"}`` each) and what the history and
+    the lock say of the last ships (``ship_in_progress``, ``failed``, ``interrupted``:
+    :func:`~fleetctl.host.state.ship_story`), then for each named agent its runner's records
+    (last task, escalations in the notify spool, the ledger's last prefix totals, standing
+    denials); read only."""
     current = None
     try:
         target = os.readlink(os.path.join(root, b"current"))
@@ -161,10 +170,17 @@ def read_status(emit, root, request):
             current = name
     except OSError:
         pass
-    emit({"t": RELEASE, "root_exists": os.path.isdir(root),
-          "current": dec(current) if current else None,
-          "meta": record_meta(root, current) if current else {},
-          "identity": read_identity(root)})
+    event = {"t": RELEASE, "root_exists": os.path.isdir(root),
+             "current": dec(current) if current else None,
+             "meta": record_meta(root, current) if current else {},
+             "identity": read_identity(root),
+             # What needs a person besides the agents: entries of releases/ fleetctl did not
+             # make, a last ship that failed or was killed, a ship under way.
+             "foreign": [{"name": e["id"], "reason": e["reason"]}
+                         for e in classify_releases(root, dec(current) if current else None)
+                         if e["kind"] == FOREIGN_ENTRY]}
+    event.update(ship_story(root, dec(current) if current else None))
+    emit(event)
     for agent in request.get("agents", []):
         if not agent or "/" in agent or agent in (".", ".."):
             continue

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from fleetctl.names import printable, show_name
-from fleetctl.status import SCHEMA_VERSION, FleetStatus
+from fleetctl.status import SCHEMA_VERSION, FleetStatus, HostStatus
 
 
 def to_json(report: FleetStatus) -> str:
@@ -25,6 +25,33 @@ def _n(v: Any) -> str:
     return f"{int(v):,}"
 
 
+def host_story_lines(h: HostStatus) -> list[str]:
+    """What needs a person on the host itself, marked ``!``: a ship in progress, a last ship
+    that failed or was killed before its switch (its release id whole on a line of its own,
+    then when, step, who, commit and the error), the entries of ``releases/`` fleetctl did
+    not make."""
+    from fleetctl.cli.releases import failure_detail
+
+    lines = []
+    if h.ship_in_progress:
+        lines.append(f"! a ship is in progress on this host ({printable(h.ship_in_progress)}): "
+                     "what is shown may be about to change")
+    if h.failed_ship is not None:
+        lines.append("! the last ship failed; it never became a release (the release in use "
+                     "is as before):")
+        lines += [f"    {h.failed_ship.release or '(no id)'}", *failure_detail(h.failed_ship)]
+    for e in h.interrupted:
+        lines.append("! a ship was killed before its switch; it never became a release (the "
+                     "next ship clears what it left):")
+        lines += [f"    {e.release or '(no id)'}", *failure_detail(e)]
+    if h.foreign:
+        lines.append("! releases/ holds entries fleetctl did not make (never counted, followed "
+                     f"or removed; see `fleetctl releases {show_name(h.host)}`):")
+        lines += [f"    {show_name(f.name)}: {printable(f.reason or 'not made by fleetctl')}"
+                  for f in h.foreign]
+    return lines
+
+
 def to_text(report: FleetStatus) -> str:
     """Plain lines: one per host, one per agent under it; not padded to a width."""
     lines = []
@@ -39,6 +66,7 @@ def to_text(report: FleetStatus) -> str:
         lines.append(f"{show_name(h.host)}: release {h.release or 'none'}, commit {commit}"
                      + (f", shipped {h.shipped_at} by {show_name(h.shipped_by)}"
                         if h.shipped_at and h.shipped_by else ""))
+        lines += host_story_lines(h)
         for a in h.agents:
             if not a.known("runs"):
                 task = "last task not read"
