@@ -59,6 +59,11 @@ class LiveState:
         ship_in_progress: for a scan, the process holding the host's ship lock (``"pid N"``) at
             the start or the end of the scan, or why else a ship was seen (``current`` switched
             while the tree was walked); ``None`` when none was.
+        foreign: the entries of ``releases/`` fleetctl did not make, as the host sent them
+            (``{"name", "reason"}`` each).
+        failed_ships: for a scan, the host's history lines (JSON text, as
+            ``fleetctl.releases.history_entry`` reads them) of a last ship that failed and of
+            ships killed before their switch; empty when the last ship went well.
         created_root: for a ship, whether taking the lock created the (empty) root.
         root_key: for a ship, the machine and inode of the root (equal keys: same directory).
     """
@@ -78,6 +83,8 @@ class LiveState:
     identity: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     ship_in_progress: str | None = None
+    foreign: list[dict[str, Any]] = field(default_factory=list)
+    failed_ships: list[str] = field(default_factory=list)
     created_root: bool = False
     root_key: str | None = None
 
@@ -169,6 +176,10 @@ def _fill(state: LiveState, event: HostEvent) -> None:
     foreign = raw.get("foreign")
     if isinstance(foreign, list) and foreign:
         state.warnings.append(foreign_warning(foreign))
+        state.foreign = [f for f in foreign if isinstance(f, dict)]
+    failed = raw.get("failed_ships")
+    state.failed_ships = [x for x in failed if isinstance(x, str)] \
+        if isinstance(failed, list) else []
     staging = raw.get("staging")
     if isinstance(staging, list) and staging and not raw.get("ship_in_progress") and \
             "ship_in_progress" in raw:

@@ -47,9 +47,11 @@ COMMAND = "report"
 CHECKS = ("drift", "creds", "tokens")
 
 DRIFT_KINDS = ("pending", "hand-patch", "conflict", "unknown", "stale-checkout",
-               "account-missing")
+               "account-missing", "failed-ship", "foreign-entry")
 """Kinds of a drift finding: the origin of a changed path (DESIGN.md §2), a host whose commit
-is behind or diverged from the source (``stale-checkout``), an agent account missing."""
+is behind or diverged from the source (``stale-checkout``), an agent account missing, a last
+ship that failed or was killed before its switch (``failed-ship``), an entry of ``releases/``
+fleetctl did not make (``foreign-entry``)."""
 TOKENS_KINDS = ("budget_tokens", "max_tool_tokens", "max_tools", "growth", "server")
 """Kinds of a token-budget finding (:class:`fleetctl.tokens.audit.Finding`)."""
 
@@ -301,6 +303,39 @@ def drift_findings(result: Any) -> list[Finding]:
     for account in result.accounts:
         out.append(Finding("drift", result.host, "account-missing", safe_text(account),
                            printable(account), "medium"))
+    return out + release_findings(result)
+
+
+def release_findings(result: Any) -> list[Finding]:
+    """What a host's ``releases/`` and history say needs a person, from its drift result: one
+    finding per ship that failed last or was killed before its switch (subject: the release id
+    it would have made, so the finding persists until a ship or rollback settles it), one per
+    entry of ``releases/`` fleetctl did not make (subject ``releases/NAME``, escaped)."""
+    from fleetctl.releases import history_entry
+
+    out = []
+    for line in getattr(result, "failed_ships", []):
+        e = history_entry(result.host, line)
+        if e is None or e.kind != "failed" or e.release is None:
+            continue
+        what = "was killed before its switch" if e.error == "interrupted" else \
+            f"failed at step {e.step or '(unknown)'}"
+        where = f" ({show_name(e.path)})" if e.path else ""
+        out.append(Finding(
+            "drift", result.host, "failed-ship", e.release,
+            f"the last ship (release {e.release}, {e.time or 'time not recorded'}, by "
+            f"{show_name(e.by or '(not recorded)')}) {what}: {printable(e.error or 'failed')}: "
+            f"{printable(e.message or '')}{where}; it never became a release",
+            "high", {"history": {k: safe_text(v) if isinstance(v, str) else v
+                                 for k, v in e.to_json().items()}}))
+    for f in getattr(result, "foreign", []):
+        name = str(f.get("name"))
+        reason = printable(str(f.get("reason") or "not made by fleetctl"))
+        out.append(Finding(
+            "drift", result.host, "foreign-entry", "releases/" + escape_name(name)[0],
+            f"releases/{show_name(name)}: {reason}: fleetctl did not make it (never counted, "
+            "followed or removed); move it out of releases/", "medium",
+            {"name": escape_name(name)[0], "reason": reason}))
     return out
 
 

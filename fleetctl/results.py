@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetctl.diffs import FileDiff
 from fleetctl.drift import Change
@@ -94,6 +94,11 @@ class HostResult:
         in_progress: the process holding the host's ship lock while drift scanned, if any.
         diffs: with ``--diff``, each changed file's content diff (secrets: digests only);
             ``None`` when not asked for.
+        foreign: for drift, the entries of ``releases/`` fleetctl did not make
+            (``{"name", "reason"}`` each, as the host sent them).
+        failed_ships: for drift, the host's history lines (JSON text) of a last ship that
+            failed and of ships killed before their switch (``fleetctl.releases.history_entry``
+            reads them).
         unchecked: for drift, the grants whose secret was not available
             (:class:`~fleetctl.credentials.UncheckedGrant`): their files were compared with
             the shipped record alone.
@@ -123,6 +128,8 @@ class HostResult:
     in_progress: str | None = None
     diffs: list[FileDiff] | None = None
     unchecked: list[UncheckedGrant] = field(default_factory=list)
+    foreign: list[dict[str, Any]] = field(default_factory=list)
+    failed_ships: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

@@ -104,7 +104,8 @@ def drift_host(blueprint: Blueprint, host: Host, progress: Progress,
         warnings.append(found.describe())
     common: dict[str, Any] = dict(release=state.current, warnings=warnings, commit=state.commit,
                   ancestry=found, identity=_identity_name(state),
-                  in_progress=state.ship_in_progress, unchecked=list(tree.unchecked))
+                  in_progress=state.ship_in_progress, unchecked=list(tree.unchecked),
+                  foreign=list(state.foreign), failed_ships=list(state.failed_ships))
     if in_progress:  # never in-sync with exit 0 while a ship may be changing the host
         return HostResult(host.name, "incomplete", changes, unreadable=state.unreadable,
                           error=in_progress, **common)

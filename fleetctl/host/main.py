@@ -11,12 +11,12 @@ import os
 import sys
 
 from fleetctl.host.ledgers import read_ledgers
-from fleetctl.host.lock import lock_holder, remove_empty_root, root_key, take_ship_lock
+from fleetctl.host.lock import remove_empty_root, root_key, take_ship_lock
 from fleetctl.host.readops import read_files
 from fleetctl.host.releases import list_releases, rollback
 from fleetctl.host.services import probe_units
 from fleetctl.host.ship import do_ship, layout_problem
-from fleetctl.host.state import read_state, scan
+from fleetctl.host.state import read_state, scan, ship_story
 from fleetctl.host.status import read_status
 from fleetctl.host.wire import (
     StdoutSink,
@@ -79,9 +79,13 @@ def main(emit, inp):
             emit({"t": LOCKED, "created_root": created_root})
         state = read_state(emit, root)
         if request["op"] == "scan" and os.path.isdir(root):
-            # Read from /proc/locks, never by trying the lock: a drift must not make a ship
-            # starting at the same moment find its host locked.
-            state["ship_in_progress"] = lock_holder(root).strip(" ()") or None
+            # The lock read from /proc/locks, never by trying it: a drift must not make a ship
+            # starting at the same moment find its host locked. A failed or killed last ship
+            # is told too (the report makes it a finding).
+            story = ship_story(root, state["current"])
+            state["ship_in_progress"] = story["ship_in_progress"]
+            state["failed_ships"] = ([story["failed"]] if story["failed"] else []) + \
+                story["interrupted"]
         emit({k: v for k, v in state.items() if not k.startswith("_")})
         if request.get("unit_dir") is not None:
             emit(probe_units(request))

@@ -245,3 +245,64 @@ def test_only_the_newest_history_line_decides_a_failed_last_ship(tmp_path, kinds
     else:
         assert story["failed"] is None
     assert story["interrupted"] == [] and story["ship_in_progress"] is None
+
+
+def test_report_carries_a_failed_last_ship_and_foreign_entries_as_drift_findings(local,
+                                                                                   tmp_path):
+    """Night 1: a ship failed on web1 and releases/ holds a file fleetctl did not make: two
+    drift findings, new (before: none; drift's check said ok). Night 2: the same two, by the
+    same ids, persisting. Night 3, after a good ship and the file moved out: both resolved."""
+    import hashlib
+
+    inv, bp, root = local
+    commit_change(bp, "next", "n\n")
+    fail_a_ship(inv, bp)
+    (root / "releases" / "notes.txt").write_text("mine\n")
+    failed = history(root)[-1]
+    assert failed["kind"] == "failed"
+    nights = tmp_path / "nights"
+
+    def night(when: str) -> dict:
+        run = cli("report", "--format", "json", "--history", str(nights), "--now", when,
+                  "--no-ledgers", inventory=inv, blueprint=bp)
+        assert run.code in (1, 2), run.stdout + run.stderr
+        return {(f["kind"], f["subject"]): f for f in run.doc["findings"]
+                if f["check"] == "drift" and f["kind"] in ("failed-ship", "foreign-entry")}
+
+    want = {("failed-ship", failed["release"]), ("foreign-entry", "releases/notes.txt")}
+    first = night("2026-12-01T02:00:00Z")
+    assert set(first) == want, first
+    assert {f["state"] for f in first.values()} == {"new"}
+    for (kind, subject), f in first.items():  # the identity, computed here
+        key = "\0".join(("drift", "web1", kind, subject)).encode()
+        assert f["id"] == hashlib.sha256(key).hexdigest()[:16]
+        assert f["fails"] is True
+    assert first[("failed-ship", failed["release"])]["detail"]["history"]["step"] == \
+        failed["step"]
+    second = night("2026-12-02T02:00:00Z")
+    assert {k: (f["id"], f["state"], f["nights"]) for k, f in second.items()} == {
+        k: (f["id"], "persisting", 2) for k, f in first.items()}
+    assert ship(inv, bp).code == 0
+    (root / "releases" / "notes.txt").unlink()
+    third = night("2026-12-03T02:00:00Z")
+    assert {k: f["state"] for k, f in third.items()} == {k: "resolved" for k in want}
+
+
+def test_the_host_story_events_parsed_as_recorded():
+    """The status op's release event with a failed last ship, a killed one and a foreign
+    entry (recorded in tests/data/status/host-story.json), and what they mean."""
+    from fleetctl.status import FleetStatus, HostStatus, apply_events
+
+    case = json.loads((Path(__file__).parents[1] / "data" / "status" / "host-story.json")
+                      .read_text())
+    host = HostStatus(case["host"])
+    apply_events(host, case["events"])
+    got, want = host.to_json(), case["expected"]
+    assert got["release"] == want["release"] and got["foreign"] == want["foreign"]
+    assert {k: got["failed_ship"][k] for k in want["failed_ship"]} == want["failed_ship"]
+    assert [{k: e[k] for k in w} for e, w in zip(got["interrupted_ships"],
+                                                  want["interrupted_ships"])] == \
+        want["interrupted_ships"] and len(got["interrupted_ships"]) == 1
+    assert (got["ship_in_progress"], got["attention"]) == (want["ship_in_progress"],
+                                                            want["attention"])
+    assert FleetStatus([host]).exit_code == want["exit_code"]
