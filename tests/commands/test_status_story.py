@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,18 @@ def fail_a_ship(inv: Path, bp: Path) -> None:
         held.abort()
 
 
+def kill_lock_holder(root: Path) -> None:
+    """SIGKILL the process holding the flock on ``root`` (the host program of a ship; read
+    from /proc/locks), never this one."""
+    key = os.stat(root)
+    tag = f" {os.major(key.st_dev):02x}:{os.minor(key.st_dev):02x}:{key.st_ino} "
+    holders = [int(line.split()[4]) for line in Path("/proc/locks").read_text().splitlines()
+               if "FLOCK" in line and tag in line + " "]
+    assert holders and os.getpid() not in holders
+    for pid in holders:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_failed_last_ship_needs_attention_until_a_ship_settles_it(local):
     """Before: status said the release in use and exit 0 after a ship had failed there."""
     inv, bp, root = local
@@ -101,6 +114,7 @@ def test_a_failed_last_ship_needs_attention_until_a_ship_settles_it(local):
     assert text.code == 1
     lines = text.stdout.splitlines()
     assert any(x.startswith("! the last ship failed") for x in lines), lines
+    assert all(len(x) <= 80 for x in lines if x.startswith("! ")), lines
     assert f"    {line['release']}" in lines, lines  # the id whole, on a line of its own
     assert any(f"at step {line['step']} by {line['by']}" in x for x in lines), lines
     again = ship(inv, bp)
@@ -128,7 +142,7 @@ def test_foreign_entries_in_releases_need_attention(local):
     assert h["failed_ship"] is None and h["ship_in_progress"] is None
     text = status(inv, bp)
     assert text.code == 1
-    assert "! releases/ holds entries fleetctl did not make" in text.stdout
+    assert "! entries in releases/ fleetctl did not make" in text.stdout
     for name in want:
         assert re.search(rf"^    {re.escape(name)}: ", text.stdout, re.M), text.stdout
     for name in want:  # nothing of them was touched
@@ -139,21 +153,12 @@ def test_a_killed_ship_is_interrupted_not_in_progress(local):
     """SIGKILL of the host program after it staged: its attempt file stays, no process holds
     the lock. Before: status exit 0. Now: the killed ship, by its release id, exit 1; the next
     ship records and clears it, and status is calm again."""
-    import signal
-
     inv, bp, root = local
     commit_change(bp, "next", "n\n")
     with prepared(inv, bp):
         attempts = [n for n in os.listdir(root / ".fleetctl") if n.startswith("attempt-")]
         assert len(attempts) == 1
-        # The host program is the one process that holds the flock on the root (/proc/locks).
-        key = os.stat(root)
-        tag = f" {os.major(key.st_dev):02x}:{os.minor(key.st_dev):02x}:{key.st_ino} "
-        holders = [int(line.split()[4]) for line in Path("/proc/locks").read_text()
-                   .splitlines() if "FLOCK" in line and tag in line + " "]
-        assert holders and os.getpid() not in holders
-        for pid in holders:
-            os.kill(pid, signal.SIGKILL)
+        kill_lock_holder(root)
     release = attempts[0][len("attempt-"):-len(".json")]
     left = json.loads((root / ".fleetctl" / attempts[0]).read_text())
     run = status(inv, bp, "--json")
@@ -174,19 +179,33 @@ def test_a_killed_ship_is_interrupted_not_in_progress(local):
     assert calm.host("web1")["interrupted_ships"] == []
 
 
-def test_a_failed_first_ship_into_a_root_it_created_is_never_ok(tmp_path):
-    """The first ship of a host creates its root, stages, and is called off: it removes the
-    root again and writes no history. Nothing may then say the host is fine: status exits 1
-    (no release in use), drift finds every path missing."""
+@pytest.mark.parametrize("how", ["called-off", "killed"])
+def test_a_failed_first_ship_into_a_root_it_created_is_never_ok(tmp_path, how):
+    """The first ship of a host creates its root and stages. Called off, it removes the root
+    again and writes no history; killed, it leaves the root with its attempt file. Nothing
+    may then say the host is fine: status exits 1 (no release in use; a killed ship is named),
+    drift finds every path missing, never in-sync."""
     root = tmp_path / "new-root"
     bp = make_project(tmp_path / "proj", {"runner": dict(RUNNER)}, executable=EXECUTABLE)
     inv = write_inventory(tmp_path / "inv.yaml", {"web1": local_host(root)})
-    fail_a_ship(inv, bp)
-    assert not os.path.lexists(root) or history(root) == []
+    with prepared(inv, bp) as held:
+        if how == "called-off":
+            held.abort()
+        else:
+            kill_lock_holder(root)
+    attempts = sorted(n for n in os.listdir(root / ".fleetctl") if n.startswith("attempt-")) \
+        if os.path.isdir(root / ".fleetctl") else []
+    if how == "called-off":
+        assert not os.path.lexists(root) or history(root) == []
+        assert attempts == []
+    else:
+        assert len(attempts) == 1 and history(root) == []
     run = status(inv, bp, "--json")
     assert run.code == 1, run.stdout + run.stderr
     h = run.host("web1")
     assert (h["status"], h["release"], h["attention"]) == ("ok", None, True)
+    assert [e["release"] for e in h["interrupted_ships"]] == [
+        a[len("attempt-"):-len(".json")] for a in attempts]
     seen = drift(inv, bp)
     assert seen.code == 1, seen.stdout + seen.stderr
     assert seen.host("web1")["status"] == "drift"
@@ -207,7 +226,7 @@ def test_a_ship_held_at_its_lock_on_an_sshd_box_is_in_progress(fleet):  # noqa: 
         assert h["ship_in_progress"] and re.fullmatch(r"pid \d+", h["ship_in_progress"])
         assert h["interrupted_ships"] == [] and h["failed_ship"] is None
         text = status(inv, bp)
-        assert "! a ship is in progress on this host (pid " in text.stdout
+        assert "! a ship is in progress (pid " in text.stdout
         held.abort()
     line = history(root)[-1]
     assert line["kind"] == "failed"

@@ -29,24 +29,24 @@ def host_story_lines(h: HostStatus) -> list[str]:
     """What needs a person on the host itself, marked ``!``: a ship in progress, a last ship
     that failed or was killed before its switch (its release id whole on a line of its own,
     then when, step, who, commit and the error), the entries of ``releases/`` fleetctl did
-    not make."""
+    not make. Each head line fits 80 columns."""
     from fleetctl.cli.releases import failure_detail
 
     lines = []
     if h.ship_in_progress:
-        lines.append(f"! a ship is in progress on this host ({printable(h.ship_in_progress)}): "
-                     "what is shown may be about to change")
+        lines.append(f"! a ship is in progress ({printable(h.ship_in_progress)}): what is "
+                     "shown may be about to change")
     if h.failed_ship is not None:
-        lines.append("! the last ship failed; it never became a release (the release in use "
-                     "is as before):")
+        lines.append("! the last ship failed and never became a release; the one in use "
+                     "stayed:")
         lines += [f"    {h.failed_ship.release or '(no id)'}", *failure_detail(h.failed_ship)]
     for e in h.interrupted:
-        lines.append("! a ship was killed before its switch; it never became a release (the "
-                     "next ship clears what it left):")
+        lines.append("! a ship was killed before its switch; the next ship clears what it "
+                     "left:")
         lines += [f"    {e.release or '(no id)'}", *failure_detail(e)]
     if h.foreign:
-        lines.append("! releases/ holds entries fleetctl did not make (never counted, followed "
-                     f"or removed; see `fleetctl releases {show_name(h.host)}`):")
+        lines.append("! entries in releases/ fleetctl did not make (never counted or "
+                     "removed):")
         lines += [f"    {show_name(f.name)}: {printable(f.reason or 'not made by fleetctl')}"
                   for f in h.foreign]
     return lines
