@@ -156,13 +156,19 @@ def valid_tree_path(path: object) -> bool:
 def tree_path(path: str, what: str) -> str:
     """A path a person named, as drift shows them (a trailing ``/`` dropped), checked.
 
+    The name is read in the escape form drift printed it in (:func:`unshow_name`: ``\\xNN``
+    is that byte, ``\\\\`` one backslash), so the path copied from drift's output names that
+    file. The name's own bytes work too (``$'runner/a\\nb'`` in bash): they hold no escape,
+    except a name with a real backslash before ``x`` and two hex digits, or before another
+    backslash, which drift shows with that backslash doubled.
+
     Raises:
-        InputError: empty, absolute, or with an empty, ``.`` or ``..`` part (``what`` says
-            where it came from: ``--force-path``, a backport argument).
+        InputError: empty, absolute, or with an empty, ``.`` or ``..`` part, or a NUL
+            (``what`` says where it came from: ``--force-path``, a backport argument).
     """
     from fleetctl.errors import InputError
 
-    cleaned = path.rstrip("/")
+    cleaned = unshow_name(path).rstrip("/")
     if not cleaned or path.startswith("/") or cleaned == "." or not valid_tree_path(cleaned):
         raise InputError(f"{what} {path!r}: not a plain path relative to the managed tree",
                          hint="name paths as drift shows them, e.g. runner/README")

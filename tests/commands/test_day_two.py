@@ -426,3 +426,46 @@ def test_a_formatting_only_change_is_shown_as_text():
     changed = diff_contents("a.yaml", b"a: 1\n", b"a: 2\n")
     assert changed.kind == "structured" and changed.keys == ("~ root['a']: 1 -> 2",)
     assert changed.lines[-2:] == ("-a: 1", "+a: 2")
+
+
+# Names drift prints escaped (docs/json.md, names shown to people), with that form written out
+# here by hand: what a person copies from drift's output into a PATH argument.
+SHOWN_NAMES = {
+    b"runner/nl\nname": "runner/nl\\x0aname",
+    b"runner/bad\xff": "runner/bad\\xff",
+    b"runner/esc\x1b[31mred": "runner/esc\\x1b[31mred",
+    b"runner/cr\rname": "runner/cr\\x0dname",
+    b"runner/lit\\x41": "runner/lit\\\\x41",  # a real backslash: shown doubled
+}
+
+
+def _hand_patch_hostile(root: Path) -> None:
+    for i, name in enumerate(SHOWN_NAMES):
+        with open(os.path.realpath(root / "current").encode() + b"/" + name, "wb") as fh:
+            fh.write(b"hand %d\n" % i)
+
+
+def test_paths_are_taken_as_drift_shows_them(fleet):
+    """A PATH argument in the form drift printed it (escaped) names that file: backport brings
+    the very bytes home under the very name, and --force-path overwrites exactly the paths
+    named. Before, the shown form matched nothing ('no change on the host there') though
+    docs/releases.md says a path is given as drift shows it."""
+    inv, bp, root = fleet
+    _hand_patch_hostile(root)
+    shown = list(SHOWN_NAMES.values())
+    back = cli_text("backport", "web1", shown[0], shown[1], "--inventory", str(inv),
+                    "--blueprint", str(bp))
+    assert back.returncode == 0, back.stdout + back.stderr
+    for i, name in enumerate(list(SHOWN_NAMES)[:2]):
+        with open(str(bp).encode() + b"/" + name, "rb") as fh:
+            assert fh.read() == b"hand %d\n" % i
+    git(bp.parent, "checkout", "--", ".")
+    git(bp.parent, "clean", "-fdq")
+    some = ship(inv, bp, *[a for p in shown[:-1] for a in ("--force-path", p)])
+    assert some.code == 3, some.stdout
+    assert "runner/lit\\\\x41" in some.host("web1")["error"], some.host("web1")
+    assert not some.host("web1")["warnings"], some.host("web1")
+    every = ship(inv, bp, *[a for p in shown for a in ("--force-path", p)])
+    assert every.code == 0, every.stdout
+    current = os.path.realpath(root / "current").encode()
+    assert not [n for n in SHOWN_NAMES if os.path.lexists(current + b"/" + n)]

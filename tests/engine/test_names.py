@@ -15,7 +15,7 @@ import unicodedata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetctl.names import escape_name, show_name, unshow_bytes, unshow_name
+from fleetctl.names import escape_name, show_name, tree_path, unshow_bytes, unshow_name
 
 
 def decode(text: str) -> bytes:
@@ -92,3 +92,19 @@ def test_names_that_would_look_alike_on_screen_print_differently():
     assert show_name("ab") != show_name("a\u3164b") == "a\\xe3\\x85\\xa4b"
     assert show_name("\u0301x") == "\\xcc\\x81x"  # a mark with nothing to sit on
     assert show_name("\u0915\u094d\u0937\u093f") == "\u0915\u094d\u0937\u093f"  # NFC Devanagari stays
+
+
+_part = names.filter(lambda raw: raw not in (b"", b".", b"..") and b"/" not in raw
+                     and b"\x00" not in raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_part, min_size=1, max_size=3))
+def test_a_path_given_as_drift_shows_it_is_that_path(parts):
+    """A PATH argument copied from drift's output (each name in the escape form, joined by /)
+    is read back as exactly that path's bytes (backport, --force-path)."""
+    raw = b"/".join(parts)
+    path = raw.decode("utf-8", "surrogateescape")
+    shown = "/".join(show_name(p.decode("utf-8", "surrogateescape")) for p in parts)
+    assert tree_path(shown, "--force-path").encode("utf-8", "surrogateescape") == decode(shown)
+    assert decode(shown) == raw and tree_path(shown, "--force-path") == path
