@@ -374,13 +374,18 @@ def append_history(emit, root, entry):
     """Append one line to ``.fleetctl/history.jsonl`` (0644): who shipped or rolled back what.
 
     Appended with one write of a whole line (O_APPEND), so readers never see half a line from
-    a finished write; a failure here is a warning, never undoing what was done.
+    a finished write; a failure here is a warning, never undoing what was done. A file that
+    ends in half a line (a hand edit, a disk that filled mid-write) gets a newline first, so
+    this line is one of its own, not glued onto that one and lost with it.
     """
     line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(
         "utf-8", "surrogateescape") + b"\n"
     try:
-        fd = create_file(history_path(root), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        fd = create_file(history_path(root), os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
             write_all(fd, line)
         finally:
             os.close(fd)

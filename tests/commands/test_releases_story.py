@@ -170,6 +170,27 @@ def test_a_full_disk_is_recorded_once_the_half_received_content_is_gone(
     assert sorted(os.listdir(root / "releases")) == [old_target.split("/")[1]]
 
 
+def test_a_ship_after_a_cut_off_history_line_is_recorded_on_a_line_of_its_own(fleet):
+    """The history file ends in half a line (a hand edit, a disk that filled mid-write, a
+    crash): the next ship's line starts on a new line, so it is recorded and ``history`` and
+    ``releases`` show it (before: it was glued onto the half line and both lost it)."""
+    inv, bp, root = fleet
+    hist = root / ".fleetctl" / "history.jsonl"
+    with open(hist, "ab") as fh:
+        fh.write(b'{"kind": "ship", "release": "2026')
+    commit_change(bp, "c2", "2\n")
+    assert ship(inv, bp).code == 0
+    current = os.readlink(root / "current").rsplit("/", 1)[1]
+    lines = hist.read_bytes().splitlines()
+    assert lines[-2] == b'{"kind": "ship", "release": "2026', lines
+    assert json.loads(lines[-1])["release"] == current
+    shown = text("history", "web1", "--inventory", str(inv))
+    assert shown.returncode == 0 and current in shown.stdout, shown.stdout + shown.stderr
+    listed = text("releases", "web1", "--inventory", str(inv))
+    assert re.search(rf"\* {current}\n(    .*\n)*    in use since \S+Z \(ship by ",
+                     listed.stdout), listed.stdout
+
+
 @given(host=st.text(alphabet=string.ascii_lowercase + "-.", min_size=1, max_size=60),
        by=st.text(min_size=0, max_size=40), kind=st.sampled_from(("ship", "rollback", "failed")))
 def test_history_text_keeps_every_id_whole_on_a_line_of_at_most_80_columns(host, by, kind):
