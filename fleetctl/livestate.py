@@ -177,6 +177,8 @@ def _fill(state: LiveState, event: HostEvent) -> None:
     if isinstance(foreign, list) and foreign:
         state.warnings.append(foreign_warning(foreign))
         state.foreign = [f for f in foreign if isinstance(f, dict)]
+    for error in raw.get("story_errors") or []:
+        state.warnings.append(f"{error}: whether the last ship failed is not known")
     failed = raw.get("failed_ships")
     state.failed_ships = [x for x in failed if isinstance(x, str)] \
         if isinstance(failed, list) else []

@@ -135,6 +135,8 @@ class HostStatus:
             holding the lock), as the history line the next ship will write for each.
         ship_in_progress: the process holding the host's ship lock (``pid N``) while it was
             read, or ``None``.
+        errors: the host's own records that could not be read (``PATH: error``: the history,
+            the state directory): whether its last ship failed is then not known (exit 2).
         agents: each agent's runner records.
     """
 
@@ -149,6 +151,7 @@ class HostStatus:
     failed_ship: HistoryEntry | None = None
     interrupted: list[HistoryEntry] = field(default_factory=list)
     ship_in_progress: str | None = None
+    errors: list[str] = field(default_factory=list)
     agents: list[AgentStatus] = field(default_factory=list)
 
     @property
@@ -167,7 +170,7 @@ class HostStatus:
                 "foreign": [f.to_json() for f in self.foreign] if read else None,
                 "failed_ship": self.failed_ship.to_json() if self.failed_ship else None,
                 "interrupted_ships": [e.to_json() for e in self.interrupted] if read else None,
-                "ship_in_progress": self.ship_in_progress,
+                "ship_in_progress": self.ship_in_progress, "errors": self.errors,
                 "agents": [a.to_json() for a in self.agents]}
 
 
@@ -177,9 +180,10 @@ class FleetStatus:
 
     @property
     def exit_code(self) -> int:
-        """2 when a host or an agent's records could not be read, 1 when something needs a
-        person, else 0."""
-        if any(h.status == "error" or any(a.errors for a in h.agents) for h in self.hosts):
+        """2 when a host, its history or an agent's records could not be read, 1 when
+        something needs a person, else 0."""
+        if any(h.status == "error" or h.errors or any(a.errors for a in h.agents)
+               for h in self.hosts):
             return EXIT_ERROR
         if any(h.attention or any(a.attention for a in h.agents) for h in self.hosts):
             return EXIT_FINDINGS
@@ -245,6 +249,7 @@ def _host_story(status: HostStatus, event: dict[str, Any]) -> None:
                           if e is not None]
     holder = event.get("ship_in_progress")
     status.ship_in_progress = holder if isinstance(holder, str) and holder else None
+    status.errors = [str(e) for e in event.get("errors") or []]
 
 
 def _read_host(host: Any, status: HostStatus) -> None:

@@ -86,6 +86,7 @@ def main(emit, inp):
             state["ship_in_progress"] = story["ship_in_progress"]
             state["failed_ships"] = ([story["failed"]] if story["failed"] else []) + \
                 story["interrupted"]
+            state["story_errors"] = story["errors"]
         emit({k: v for k, v in state.items() if not k.startswith("_")})
         if request.get("unit_dir") is not None:
             emit(probe_units(request))

@@ -340,10 +340,11 @@ def _history_releases(root, kind):
             if entry.get("kind") == kind and isinstance(entry.get("release"), str)]
 
 
-def read_history(root):
+def read_history(root, errors=None):
     """Every usable line of the history, oldest first: ``(line, entry)``, the line as str
     (without its newline) and the JSON object it holds. A line that is no JSON object (one
-    cut short included) and a missing history are skipped."""
+    cut short included) and a missing history are skipped; a history that is there but
+    cannot be read adds ``"PATH: error"`` to ``errors`` (a list) when one is given."""
     found = []
     try:
         with open(history_path(root), "rb") as fh:
@@ -355,8 +356,9 @@ def read_history(root):
                     continue
                 if isinstance(entry, dict):
                     found.append((line, entry))
-    except OSError:
-        pass
+    except OSError as exc:
+        if errors is not None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            errors.append(f"{dec(history_path(root))}: {os_error_text(exc)}")
     return found
 
 
@@ -448,17 +450,20 @@ def record_failure(emit, root, entry, step, kind, message, path=None, items=None
     append_history(emit, root, line)
 
 
-def read_attempts(root, current):
+def read_attempts(root, current, errors=None):
     """The attempt files under ``.fleetctl/`` (read only), sorted by name: ``{"release"
     (bytes), "path" (bytes), "entry" (the failure line it holds, :func:`failure_entry`),
     "killed"}``. ``killed``: the ship never switched to its release (it is neither
     ``current`` nor named by a ship line of the history), so unless a ship holds the lock now
     it was killed before its switch; otherwise the ship did switch and only the file is left.
-    A state directory that cannot be listed has none."""
+    A state directory that cannot be listed has none (and adds ``"PATH: error"`` to
+    ``errors``, a list, when one is given and the directory is there)."""
     state_dir = os.path.join(root, STATE_DIR_B)
     try:
         names = sorted(os.listdir(state_dir))
-    except OSError:
+    except OSError as exc:
+        if errors is not None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            errors.append(f"{dec(state_dir)}: {os_error_text(exc)}")
         return []
     found, shipped = [], None
     for name in names:
@@ -513,7 +518,7 @@ def recover_attempts(emit, root, current, write_history=True):
 
 def ship_story(root, current):
     """What the host says of its last ships, read only (the lock is read from /proc/locks,
-    never tried): ``{"ship_in_progress", "failed", "interrupted"}``.
+    never tried): ``{"ship_in_progress", "failed", "interrupted", "errors"}``.
 
     - ``ship_in_progress``: the process holding the ship lock (``"pid N"``), or ``None``.
     - ``failed``: the newest history line (str, :func:`read_history`) when it is a ``failed``
@@ -522,10 +527,13 @@ def ship_story(root, current):
       lock for, :func:`read_attempts`), the line the next ship will write for it (str; kind
       ``failed``, step ``unknown``, error ``interrupted``, ``time`` when it began), oldest
       first. While a ship holds the lock its attempt file is its own: none is listed.
+    - ``errors``: ``"PATH: error"`` for the history or state directory that is there but
+      could not be read: then neither "failed" nor "interrupted" can be known.
 
     ``current``: the release in use (str) or ``None``.
     """
-    attempts = [a for a in read_attempts(root, current) if a["killed"]]
+    errors = []  # type: list
+    attempts = [a for a in read_attempts(root, current, errors) if a["killed"]]
     holder = lock_holder(root).strip(" ()") or None if os.path.isdir(root) else None
     interrupted = []
     if holder is None:
@@ -537,7 +545,8 @@ def ship_story(root, current):
                          "error": "interrupted", "message": INTERRUPTED_MESSAGE.split(";")[0],
                          "path": None})
             interrupted.append(json.dumps(line, sort_keys=True, separators=(",", ":")))
-    history = read_history(root)
+    history = read_history(root, errors)
     last = history[-1] if history else None
     failed = last[0] if last is not None and last[1].get("kind") == "failed" else None
-    return {"ship_in_progress": holder, "failed": failed, "interrupted": interrupted}
+    return {"ship_in_progress": holder, "failed": failed, "interrupted": interrupted,
+            "errors": errors}

@@ -325,3 +325,21 @@ def test_the_host_story_events_parsed_as_recorded():
     assert (got["ship_in_progress"], got["attention"]) == (want["ship_in_progress"],
                                                             want["attention"])
     assert FleetStatus([host]).exit_code == want["exit_code"]
+
+
+def test_a_history_that_cannot_be_read_is_not_a_calm_host(local):
+    """The history is there but cannot be read (here a directory stands in its place, so
+    open() fails with EISDIR even for root): whether the last ship failed is not known, so
+    status names the path and exits 2, never 0 (before: exit 0, nothing said)."""
+    inv, bp, root = local
+    path = root / ".fleetctl" / "history.jsonl"
+    path.rename(root / ".fleetctl" / "history.kept")
+    path.mkdir()
+    run = status(inv, bp, "--json")
+    assert run.code == 2, run.stdout + run.stderr
+    (error,) = run.host("web1")["errors"]
+    assert error.startswith(f"{path}: ")
+    text = status(inv, bp)
+    assert text.code == 2 and f"? unreadable: {path}: " in text.stdout
+    seen = drift(inv, bp)
+    assert any(str(path) in w and "not known" in w for w in seen.host("web1")["warnings"])

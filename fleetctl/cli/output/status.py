@@ -49,6 +49,8 @@ def host_story_lines(h: HostStatus) -> list[str]:
                      "removed):")
         lines += [f"    {show_name(f.name)}: {printable(f.reason or 'not made by fleetctl')}"
                   for f in h.foreign]
+    lines += [f"? unreadable: {printable(e)} (whether the last ship failed is not known)"
+              for e in h.errors]
     return lines
 
 
