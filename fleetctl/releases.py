@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.errors import HostError
+from fleetctl.errors import HostError, ShipRefused
 from fleetctl.hostops import run_op
 from fleetctl.inventory import Host
 from fleetctl.protocol import RELEASE_ID as _RELEASE_ID
@@ -323,8 +323,15 @@ def rollback(host: Host, to: str | None = None, force: bool = False) -> Rollback
     if to is not None and not _RELEASE_ID.fullmatch(to):
         raise HostError(f"{host.name}: {to!r} is not a release id",
                         hint=f"see `fleetctl releases {host.name}`")
-    events = run_op(host, {"op": "rollback", "to": to, "force": force, "host": host.name,
-                           "time": utc_now(), "by": operator()}, "done")
+    try:
+        events = run_op(host, {"op": "rollback", "to": to, "force": force, "host": host.name,
+                               "time": utc_now(), "by": operator()}, "done")
+    except ShipRefused as exc:
+        if exc.step == "verify" and not exc.hint:  # the target differs from its record
+            exc.hint = (f"fleetctl rollback {host.name}{' --to ' + to if to else ''} --force "
+                        "switches to it as it is now (recorded as forced); or pick another "
+                        f"release with --to (fleetctl releases {host.name})")
+        raise
     done = events[-1]
     release, previous = _text(done.get("release")), _text(done.get("previous"))
     if release is None or previous is None:

@@ -265,6 +265,8 @@ def test_releases_rollback_and_history(fleet):
     no = cli_text("rollback", "web1", "--to", tampered, "--inventory", str(inv))
     assert no.returncode == 3, no.stdout + no.stderr
     assert "runner/README: content" in no.stderr
+    # ... and says what to do: --force, or another release (before: no hint at all).
+    assert f"hint: fleetctl rollback web1 --to {tampered} --force" in no.stderr, no.stderr
     assert os.readlink(root / "current") == f"releases/{target}"
     yes = cli_text("rollback", "web1", "--to", tampered, "--force", "--inventory", str(inv))
     assert yes.returncode == 0, yes.stderr
