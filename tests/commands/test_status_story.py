@@ -298,6 +298,14 @@ def test_report_carries_a_failed_last_ship_and_foreign_entries_as_drift_findings
         assert f["fails"] is True
     assert first[("failed-ship", failed["release"])]["detail"]["history"]["step"] == \
         failed["step"]
+    out = tmp_path / "out"
+    out.mkdir()
+    every = cli("report", "--format", "text", "--no-ledgers", "--markdown",
+                str(out / "r.md"), "--html", str(out / "r.html"), "--junit",
+                str(out / "r.xml"), "--now", "2026-12-01T02:00:00Z", inventory=inv, blueprint=bp)
+    assert every.code in (1, 2), every.stdout + every.stderr
+    for text in (every.stdout, *(p.read_text() for p in sorted(out.iterdir()))):
+        assert failed["release"] in text and "notes" in text, text[:2000]
     second = night("2026-12-02T02:00:00Z")
     assert {k: (f["id"], f["state"], f["nights"]) for k, f in second.items()} == {
         k: (f["id"], "persisting", 2) for k, f in first.items()}
