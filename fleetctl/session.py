@@ -326,9 +326,25 @@ class HostSession:
                              f"`python:` setting) was {why} on the host (exit status {status})"
                              f"{detail}{noise}", hint=hint)
         shown = "unknown" if status is None or status < 0 else str(status)
+        if status is not None and self._interpreter_runs():
+            return HostError(
+                f"{self.label}: {self._python!r} runs on the host (Python 3.8 or newer), but "
+                "the host-side program sent on its stdin did not arrive whole (exit status "
+                f"{shown}){detail}{noise}: something the login runs before it read from "
+                "stdin (a start-up file: ~/.bashrc, /etc/bash.bashrc, or a python: wrapper)",
+                hint="make the login's start-up read nothing for a command run over ssh: in "
+                "~/.bashrc, put such lines after `[ -t 0 ] || return`")
         return HostError(f"{self.label}: the host-side program did not start under "
                          f"{self._python!r} (the inventory's `python:` setting; exit status "
                          f"{shown}){detail}{noise}", hint=hint)
+
+    def _interpreter_runs(self) -> bool:
+        """Whether the inventory's interpreter, run as the login with nothing on its stdin,
+        runs a Python 3.8+ program (it prints a random token only then)."""
+        token = "fleetctl-probe-" + secrets.token_hex(8)
+        program = f"import sys;sys.stdout.write({token!r} if sys.version_info >= (3, 8) else '')"
+        found = self._transport.probe([self._python, "-c", program])
+        return found.status == 0 and token.encode() in found.stdout
 
     def _awaited(self) -> str:
         """What the run was waiting for when its time ran out, in words."""

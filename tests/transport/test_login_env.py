@@ -95,6 +95,28 @@ def test_no_python3_on_the_path_is_an_error_naming_the_python_setting(env_hosts,
     assert drift_of(host, tmp_path).code == 1  # with python: set, it scans (all pending)
 
 
+def test_a_login_whose_start_up_reads_stdin_is_named_not_the_python_setting(env_hosts,
+                                                                            tmp_path):
+    """The login's ~/.bashrc reads a few bytes of stdin (as a start-up command may): the
+    program fleetctl sends there arrives cut, the bootstrap fails. The interpreter itself is
+    fine (python3 -c runs as the login), so the error says what ate the input and how to keep
+    the start-up from it, not "set python:" (the hint before, pointing at the wrong setting)."""
+    from tests.hostenv import LoginEnv
+
+    host = env_hosts(LoginEnv("reads-stdin", rc="head -c 10 >/dev/null\n"))
+    assert host.run("python3 -c 'print(38)'").stdout.strip() == b"38"  # the interpreter runs
+    seen = drift_of(host, tmp_path)
+    assert seen.code == 2, seen.stdout
+    error, hint = seen.host("h")["error"], seen.host("h")["hint"]
+    assert "'python3' runs on the host" in error and "did not arrive whole" in error, error
+    assert "~/.bashrc" in error and "stdin" in error, error
+    assert "python:" not in hint and "[ -t 0 ] || return" in hint, hint
+    # Applying the hint's fix makes the host readable.
+    rc = host.home / ".bashrc"
+    rc.write_text("[ -t 0 ] || return\n" + rc.read_text())
+    assert drift_of(host, tmp_path).code == 1  # all pending
+
+
 def test_the_last_line_a_host_writes_on_stderr_is_in_the_error(env_hosts, tmp_path):
     """The host closes stdout, writes a long stderr and, after a pause, the reason: the client
     reads stderr to its end before closing the channel (it killed it at stdout's end before)."""
