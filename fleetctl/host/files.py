@@ -29,15 +29,48 @@ def write_file(dest, source, owner, mode, owner_refused=None):
             copy_fd(src, fd)
         finally:
             os.close(src)
-        uid, gid = owner
-        if uid != -1:
-            try:
-                os.fchown(fd, uid, gid)
-            except OSError as exc:
-                if owner_refused is None:
-                    raise
-                owner_refused(exc)
-        os.fchmod(fd, mode)
+        _own(fd, owner, mode, owner_refused)
+    except OSError as exc:
+        raise with_path(exc, dest) from exc
+    finally:
+        os.close(fd)
+
+
+def _own(fd, owner, mode, owner_refused):
+    """Give the open file ``fd`` its owner (``(-1, -1)``: leave it), then its mode (chown
+    clears setuid bits); a refused chown goes to ``owner_refused`` when given."""
+    uid, gid = owner
+    if uid != -1:
+        try:
+            os.fchown(fd, uid, gid)
+        except OSError as exc:
+            if owner_refused is None:
+                raise
+            owner_refused(exc)
+    os.fchmod(fd, mode)
+
+
+def move_file(dest, source, owner, mode, owner_refused=None):
+    """Make the file ``source`` (received content, the shipping account's, not in any
+    release) ``dest``, with explicit owner and mode, as :func:`write_file` does, but without a
+    copy: a ship then needs the room of what it sent once, not twice. Linked to ``dest`` (which
+    must not exist, as with O_EXCL) and unlinked, so ``dest`` is its only name; where the two
+    are on different file systems, or hard links are refused, it is copied instead.
+
+    Raises:
+        OSError naming ``dest`` (or ``source``).
+    """
+    try:
+        os.link(source, dest, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise with_path(exc, dest) from exc
+        write_file(dest, source, owner, mode, owner_refused)
+        return
+    os.unlink(source)
+    fd = os.open(dest, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        _own(fd, owner, mode, owner_refused)
     except OSError as exc:
         raise with_path(exc, dest) from exc
     finally:

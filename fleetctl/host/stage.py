@@ -9,6 +9,7 @@ from fleetctl.host.files import (
     json_tmp_path,
     make_dir,
     make_dirs,
+    move_file,
     temp_name,
     write_all,
     write_file,
@@ -82,6 +83,12 @@ def assemble(stage, desired, sources, blob_dir, current_dir, shown_dir=None):
     """
     shown_dir = shown_dir or stage
     make_dir(stage, 0o700)
+    # How many files of the release are still to take each received content: the last one
+    # takes the received file itself (moved), the others a copy.
+    uses = {}  # type: dict
+    for entry in desired:
+        if entry["type"] == "file" and sources.get(entry["path"]) is None:
+            uses[entry["digest"]] = uses.get(entry["digest"], 0) + 1
     dirs = []
     refused = []  # (tree path, owner, OSError or message)
     for entry in desired:
@@ -111,14 +118,20 @@ def assemble(stage, desired, sources, blob_dir, current_dir, shown_dir=None):
                         owner_refused(exc)
             elif kind == "file":
                 source = sources.get(entry["path"])
+                mode = int(entry["mode"], 8)
                 if source is None:
                     source_path = os.path.join(blob_dir,
                                                entry["digest"].split(":", 1)[1].encode("ascii"))
+                    uses[entry["digest"]] -= 1
+                    if uses[entry["digest"]] == 0:  # in no release: moved, not copied
+                        move_file(dest, source_path, owner, mode, owner_refused)
+                    else:
+                        write_file(dest, source_path, owner, mode, owner_refused)
                 else:
                     # Copied from the current release, never hard-linked: releases must share
                     # no inode (docs/invariants.md, invariant 4).
                     source_path = os.path.join(current_dir, enc(source))
-                write_file(dest, source_path, owner, int(entry["mode"], 8), owner_refused)
+                    write_file(dest, source_path, owner, mode, owner_refused)
             else:
                 raise Stop("assemble", "failed", f"cannot ship an entry of type {kind}",
                            entry["path"])

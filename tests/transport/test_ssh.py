@@ -643,6 +643,29 @@ def test_a_first_ship_that_does_not_fit_claims_no_previous_release(
     assert not (root / "releases").exists() or os.listdir(root / "releases") == []
 
 
+def test_new_content_takes_its_room_on_the_host_once(tmp_path, mount_tmpfs, sshd_pool,
+                                                     ssh_client_key, ssh_known_hosts):
+    """A 1.5 MiB file ships to a 2.5 MiB disk: it fits once, not twice. The content received
+    is moved into the release (before: copied, so a ship needed twice the room of what it
+    sent, and this one failed at assemble with No space left on device). Twice the same
+    content in one release is still two files (a copy for the first, the received one for the
+    second), and shares no inode with anything."""
+    root = mount_tmpfs("2560k") / "root"
+    big = os.urandom(1536 << 10)
+    bp = project(tmp_path, {**RUNNER, "big.bin": big, "small-a": "same\n", "small-b": "same\n"})
+    inv = write_inventory(tmp_path / "inv.yaml",
+                          {"web1": ssh_host(sshd_pool[0], ssh_client_key, ssh_known_hosts, root)})
+    run = ship(inv, bp)
+    assert run.code == 0, run.stdout + run.stderr
+    release = Path(os.path.realpath(root / "current")) / "runner"
+    assert (release / "big.bin").read_bytes() == big
+    a, b = os.stat(release / "small-a"), os.stat(release / "small-b")
+    assert a.st_ino != b.st_ino and a.st_nlink == b.st_nlink == 1
+    assert os.stat(release / "big.bin").st_nlink == 1
+    assert [n for n in os.listdir(root / ".fleetctl") if n.startswith("incoming-")] == []
+    assert drift(inv, bp).code == 0
+
+
 # Forty files with long names: the release record (one JSON entry per file) spans several pages.
 MANY = {f"file-with-a-long-name-so-the-release-record-spans-pages-{i:03d}": f"{i}\n"
         for i in range(40)}
