@@ -106,7 +106,12 @@ class HostSession:
             args=(frame(bundle.program()) + frame(encode_json({**request,
                                                                 "nonce": self._nonce})),))
         self._first_send.start()
-        while self._first_send.is_alive():
+        # Read only until the hello: the program says hello once it has read the whole request,
+        # so the send is over by then, and a program that then waits for the client (a ship
+        # waits for its turn to lock) has nothing more to say. Reading on while the sending
+        # thread had not yet returned blocked here for ever (the demo's ship timed out).
+        nonce = self._nonce.encode("ascii")
+        while self._first_send.is_alive() and nonce not in self._buffer:
             try:
                 with self._timing():
                     block = self._chan.read(1 << 16)
