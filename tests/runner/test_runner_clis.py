@@ -264,3 +264,57 @@ def test_without_credentials_dir_nothing_is_exported(make_fleet):
     assert fleet.run().returncode == 0
     [start] = fleet.events("start")
     assert "FLEET_CREDENTIALS" not in start["env"]
+
+
+# -- JSONL records after a line cut short -------------------------------------------------------
+
+HALF = b'{"task": "t0", "channel": "#sup'  # a writer killed mid-line, or a full disk
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON objects of ``path``, one per ``\\n``-ended line (broken lines skipped)."""
+    out = []
+    for raw in path.read_bytes().split(b"\n"):
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    return out
+
+
+def test_a_reply_recorded_after_a_line_cut_short_is_not_lost(tmp_path):
+    """Before: reply's send line was appended to the half line, and the one broken line hid it
+    from the runner (a reply that was sent counted as not sent: retried, answered twice)."""
+    log = tmp_path / "sends.jsonl"
+    log.write_bytes(HALF)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update({"FLEET_SENDS_LOG": str(log), "FLEET_TASK_ID": "t1", "FLEET_RUN_ID": "t1/1",
+                "FLEET_OUTBOX": str(tmp_path / "outbox")})
+    done = subprocess.run([str(SKILLS / "reply" / "bin" / "reply"), "--task", "t1",
+                           "--channel", "#support", "hello"], env=env, capture_output=True,
+                          text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr
+    (record,) = _records(log)
+    assert (record["task"], record["message_id"]) == ("t1", done.stdout.strip())
+    assert log.read_bytes().startswith(HALF + b"\n")
+
+
+def test_a_denial_recorded_after_a_line_cut_short_is_not_lost(tmp_path):
+    (tmp_path / "denials.jsonl").write_bytes(HALF)
+    done = _forge(tmp_path, "pr-create", "--repo", "acme/api", "--title", "Fix", mode="forbidden")
+    assert done.returncode == 77, done.stderr
+    (denial,) = _records(tmp_path / "denials.jsonl")
+    assert (denial["cli"], denial["task"]) == ("forge", "t1")
+
+
+def test_the_runners_own_records_after_a_line_cut_short_are_not_lost(tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "blueprint" / "runner"))
+    from fleet_runner.records import append_jsonl
+
+    log = tmp_path / "ledger.jsonl"
+    log.write_bytes(HALF)
+    append_jsonl(log, {"task": "t1"})
+    append_jsonl(log, {"task": "t2"})
+    assert [r["task"] for r in _records(log)] == ["t1", "t2"]
+    assert log.read_bytes() == HALF + b'\n{"task": "t1"}\n{"task": "t2"}\n'

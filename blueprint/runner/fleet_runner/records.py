@@ -59,13 +59,19 @@ def read_json(path: Path) -> Any:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line to ``path`` with a single ``O_APPEND`` write, then fsync.
+    """Append one JSON line to ``path`` with a single ``O_APPEND`` write, then fsync; after a
+    newline when the file ends in a line cut short.
 
     The line is ASCII (``\\uXXXX`` escapes): a name from outside may hold U+2028 or U+0085,
     which ``str.splitlines`` takes for line ends, so another reader would cut the record."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("ascii")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        # After a line cut short (a writer killed mid-write, a full disk), a newline first:
+        # glued to it, this record would be one broken line that every reader skips.
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:
