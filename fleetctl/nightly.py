@@ -648,7 +648,9 @@ def parse_expires(value: Any) -> dt.date:
         raise ValueError(f"{value} is a number to YAML, not a date")
     if not isinstance(value, str):
         raise ValueError(f"expected a date, got a {type(value).__name__}")
-    text = value.strip()
+    text = value
+    if text.strip() != text:  # the rule holds on the whole value: '2026-12-31\n' is no date
+        raise ValueError(f"{printable(text)!r} has white space around the date")
     if not (len(text) == 10 and text[4] == text[7] == "-"
             and (text[:4] + text[5:7] + text[8:]).isdigit() and text.isascii()):
         raise ValueError(f"{printable(text)!r} is not a date")

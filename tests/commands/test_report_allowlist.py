@@ -62,6 +62,9 @@ BAD = [
     # str.isdigit() takes other scripts' digits: these are no date, not a bad day.
     ("    expires: '\uff12\uff10\uff12\uff16-12-31'", "'\uff12\uff10\uff12\uff16-12-31' is not a date"),
     ("    expires: '2026-12-\u00b9\u00b2'", "'2026-12-\u00b9\u00b2' is not a date"),
+    # A rule over a value holds on the whole value (the tryout found these accepted).
+    ('    expires: "2026-12-31\\n"', "has white space around the date"),
+    ("    expires: ' 2026-12-31'", "has white space around the date"),
 ]
 
 
