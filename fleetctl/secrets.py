@@ -280,8 +280,11 @@ def resolve_secret(source: EnvSource | FileSource | CommandSource, base_dir: Pat
     else:
         raise TypeError(f"not a secret source: {type(source).__name__}")
     if not secret.reveal():
-        raise SecretUnavailable(f"secret from {source.describe()}: the value is empty",
-                                source=source)
+        # A file by the path a person can use from here, as its other errors name it (not
+        # relative to the inventory's directory, which the reader may not be in).
+        where = (f"file {display_path(source.path(base_dir))}"
+                 if isinstance(source, FileSource) else source.describe())
+        raise SecretUnavailable(f"secret from {where}: the value is empty", source=source)
     cache[key] = secret
     return secret
 

@@ -280,10 +280,13 @@ def test_file_source_missing_empty_or_directory(tmp_path):
     with pytest.raises(InputError) as info:
         resolve_secret(FileSource(file="no/such"), tmp_path, {})
     assert "no/such" in info.value.message and "not found" in info.value.message
-    _secret_file(tmp_path / "empty", b"\n")
+    (tmp_path / "inventory").mkdir()
+    _secret_file(tmp_path / "inventory" / "empty", b"\n")
     with pytest.raises(InputError) as info:
-        resolve_secret(FileSource(file="empty"), tmp_path, {})
-    assert "file empty" in info.value.message and "empty" in info.value.message
+        resolve_secret(FileSource(file="empty"), tmp_path / "inventory", {})
+    # Named as every other error of a file source names it: a path usable from here (the
+    # file is relative to the inventory's directory; before, 'file empty' was printed).
+    assert f"file {tmp_path / 'inventory' / 'empty'}: the value is empty" in info.value.message
     (tmp_path / "d").mkdir(mode=0o700)
     with pytest.raises(InputError) as info:
         resolve_secret(FileSource(file="d"), tmp_path, {})
