@@ -384,9 +384,13 @@ class SshTransport(Transport):
                 mark, argv = marked(argv)
             chan.exec_command(shlex.join(argv))
             stderr = StderrTail(chan.recv_stderr)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            # A program that ends without reading its input (a missing interpreter: the shell's
+            # exit 127) closes the channel under the send: that is its answer, read below, not
+            # a probe without one (which made the python3 probe of sudo's table say nothing).
+            with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
             out = b""
             while block := chan.recv(1 << 16):
                 out += block
