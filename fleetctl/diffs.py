@@ -36,6 +36,7 @@ import yaml
 
 from fleetctl.manifest import sha256_digest
 from fleetctl.names import printable, show_name
+from fleetctl.yamlfile import RealDaysLoader
 
 TEXT, STRUCTURED, BINARY, SECRET, TOO_LARGE, UNAVAILABLE = (
     "text", "structured", "binary", "secret", "too-large", "unavailable")
@@ -243,9 +244,11 @@ def diff_contents(path: str, live: bytes | None, desired: bytes | None,
     return _cut(diff, _sides(live, desired, labels))
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that also notes duplicate keys, which it keeps silently (the last
-    wins), so the key-level view can say it does not see the others."""
+class _YamlLoader(RealDaysLoader):
+    """The loader fleetctl reads YAML with (an impossible day such as ``2026-13-01`` stays a
+    string, as YAML 1.2 reads it, instead of a bare ValueError), that also notes duplicate keys,
+    which PyYAML keeps silently (the last wins), so the key-level view can say it does not see
+    the others."""
 
     duplicates: list[str]
 

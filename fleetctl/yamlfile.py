@@ -28,9 +28,27 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so a second host of the same name would hide the first)."""
+class RealDaysLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a scalar that looks like a YAML 1.1 timestamp but
+    names no real day or time (``2026-13-01``, ``2026-02-30``) stays the string that was
+    written, as YAML 1.2 (which has no timestamp type) reads it; PyYAML raises a bare
+    ``ValueError`` without a line. The key that wants a date then says which value is wrong,
+    and where; a diff of such a file keeps its key-level view (:mod:`fleetctl.diffs`)."""
+
+    def construct_yaml_timestamp(self, node):
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError:
+            return self.construct_scalar(node)
+
+
+RealDaysLoader.add_constructor("tag:yaml.org,2002:timestamp",
+                               RealDaysLoader.construct_yaml_timestamp)
+
+
+class _UniqueKeyLoader(RealDaysLoader):
+    """:class:`RealDaysLoader`, except that a key given twice in one mapping is an error
+    (PyYAML keeps the last silently, so a second host of the same name would hide the first)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -45,20 +63,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r} (first on line {first})",
                     key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_timestamp(self, node):
-        """A scalar that looks like a YAML 1.1 timestamp but names no real day or time
-        (``2026-13-01``, ``2026-02-30``) stays the string that was written, as YAML 1.2 (which
-        has no timestamp type) reads it; PyYAML raises a bare ``ValueError`` without a line.
-        The key that wants a date then says which value is wrong, and where."""
-        try:
-            return super().construct_yaml_timestamp(node)
-        except ValueError:
-            return self.construct_scalar(node)
-
-
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp",
-                                 _UniqueKeyLoader.construct_yaml_timestamp)
 
 
 def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:

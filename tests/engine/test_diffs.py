@@ -201,3 +201,12 @@ def test_data_nested_past_the_parsers_depth_is_shown_as_text(name):
     deep = b"[" * 20000 + b"]" * 20000 + b"\n"
     diff = diff_contents(name, deep, b"[]\n")
     assert diff.kind == "text" and "not valid" in diff.note and diff.patch
+
+
+def test_a_yaml_file_with_an_impossible_day_keeps_its_key_level_view():
+    """``2026-13-01`` is a string to YAML 1.2; PyYAML 1.1's timestamp raised a bare ValueError,
+    and the diff called the file 'not valid YAML' (the loader fleetctl reads its own YAML with
+    already kept it a string)."""
+    diff = diff_contents("a.yaml", b"d: 2026-13-01\nx: 1\n", b"d: 2026-13-01\nx: 2\n")
+    assert diff.kind == "structured" and len(diff.keys) == 1 and "x" in diff.keys[0], diff
+    assert "not valid" not in (diff.note or "")
