@@ -26,6 +26,7 @@ from fleetctl.inventory import Inventory, load_inventory
 from fleetctl.names import printable, show_name
 from fleetctl.results import HostResult, NoProgress, Progress
 from fleetctl.source import SourceState, inspect_source
+from fleetctl.yamlfile import display_path
 
 T = TypeVar("T")
 
@@ -79,18 +80,9 @@ def inventory_path(inventory: Path | None) -> Path:
     else:
         chosen = find_project() / "inventory" / "demo.yaml"
         why = f"default; --inventory or ${INVENTORY_ENV} to change"
-    err.print(f"inventory: {show_name(_shown_path(chosen))} ({why})", markup=False,
-              highlight=False, soft_wrap=True)
+    shown = show_name(display_path(chosen.expanduser().absolute()))
+    err.print(f"inventory: {shown} ({why})", markup=False, highlight=False, soft_wrap=True)
     return chosen
-
-
-def _shown_path(path: Path) -> str:
-    """``path`` relative to the current directory when it lies below it, else absolute."""
-    full = Path(path).expanduser().absolute()
-    try:
-        return str(full.relative_to(Path.cwd()))
-    except ValueError:
-        return str(full)
 
 
 def _lines(text: str) -> str:
