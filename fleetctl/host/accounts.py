@@ -61,9 +61,21 @@ def run_admin(argv, what, path):
         raise Stop("users", "failed", f"{what}: {argv[0]} did not finish in 60 s", path) from None
     if done.returncode:
         tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        raise Stop("users", "permission" if done.returncode == 1 and "ermission" in tail[0]
-                   else "failed", f"{what}: {argv[0]} exited with status {done.returncode}: "
-                   f"{tail[0][:300]}", path)
+        raise Stop("users", admin_failure_kind(done.returncode, os.access(path, os.W_OK)),
+                   f"{what}: {argv[0]} exited with status {done.returncode}: {tail[0][:300]}",
+                   path)
+
+
+def admin_failure_kind(returncode, writable):
+    """``permission`` or ``failed`` for useradd/groupadd ending with ``returncode``.
+
+    Decided from the exit status (shadow-utils: 1 "can't update password file", 10 "can't
+    update group file") and a probe of the account file (``writable``: ``os.access(path,
+    W_OK)``, false for a non-root login, a read-only or immutable file), never from the
+    program's message, which is in the host's language ("Permission denied" is "Keine
+    Berechtigung" under a German locale).
+    """
+    return "permission" if returncode in (1, 10) and not writable else "failed"
 
 
 def account_missing(account):
