@@ -7,8 +7,9 @@ A message file (UTF-8 JSON object)::
       "from": {"kind": "human", "name": "alice"},  required; kind is "human" or "agent"
       "channel": "#support",                       required when kind is "human": where to reply
       "text": "What is the refund policy?",        required; the request
-      "reply_to": "slack:C042:1732949000.0001"     optional; the message this one answers
-    }
+      "reply_to": "slack:C042:1732949000.0001",    optional; the message this one answers
+      "thread": "slack:C042:1732940000.0001"       optional; the thread (A2A contextId) it is
+    }                                                  in: the id rule; default its own id
 
 Other keys are kept and ignored. An id is 1 to 128 characters of letters, digits and
 ``._:@+-``, starting with a letter or digit, checked on the whole value; it names files only
@@ -77,6 +78,8 @@ class Message:
         text: the request.
         reply_to: the id of the message this answers, or ``None``.
         raw: the whole JSON object as received.
+        thread: the thread it is in (an A2A ``contextId``; hand-offs of the team carry it):
+            its ``thread`` key, by default (and when built without one) its own id.
     """
 
     id: str
@@ -86,6 +89,11 @@ class Message:
     text: str
     reply_to: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    thread: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.thread:
+            object.__setattr__(self, "thread", self.id)
 
     @property
     def human(self) -> bool:
@@ -132,13 +140,17 @@ def parse_message(data: bytes) -> Message:
     reply_to = obj.get("reply_to")
     if reply_to is not None and not isinstance(reply_to, str):
         raise MessageError("reply_to: must be a string or null")
+    thread = obj.get("thread")
+    if thread is not None and (not isinstance(thread, str) or not _ID.fullmatch(thread)):
+        raise MessageError("thread: must be null or an id: 1-128 of letters, digits and "
+                           "._:@+- (starting with a letter or digit)")
     for key, value in (("id", mid), ("from.name", name), ("channel", channel),
                        ("reply_to", reply_to), ("text", text)):
         why = _uncarried(value, key in _NAME_FIELDS) if isinstance(value, str) else None
         if why:
             raise MessageError(f"{key}: {why}")
     return Message(id=mid, sender_kind=sender["kind"], sender_name=name, channel=channel or None,
-                   text=text, reply_to=reply_to, raw=obj)
+                   text=text, reply_to=reply_to, raw=obj, thread=thread or mid)
 
 
 def read_message_file(path: Path) -> bytes:
