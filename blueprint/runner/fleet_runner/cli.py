@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from fleet_runner import cgroup, standing
+from fleet_runner import cgroup, standing, team
 from fleet_runner.config import ConfigError, check_servable, load_config
 from fleet_runner.invoke import become_subreaper
 from fleet_runner.loop import Runner, RunnerError, RunnerOptions, not_root_refusal
@@ -53,6 +53,39 @@ def _denials(paths: AgentPaths, permission: str | None) -> int:
         return EXIT_ERROR
     for name in cleared:
         _say(f"cleared the standing denial of {name} for agent {paths.agent}")
+    return EXIT_OK
+
+
+def _command(paths: AgentPaths, thread: str | None) -> int:
+    """``--list-commands`` and ``--clear-command``: print the threads a person is in command
+    of, or clear one (the person's action): its paused hand-offs go back to the inbox in their
+    order (exit 0; 2 when no person is in command of it, or the team files cannot be
+    written: for example by the agent's user)."""
+    files = team.TeamFiles(paths.state, paths.inbox, paths.processing)
+    if thread is None:
+        flags = files.flags() if files.team.is_dir() else {}
+        paused = files.paused() if files.team.is_dir() else {}
+        print(json.dumps([{**f.to_json(), "paused": paused.get(t, [])}
+                          for t, f in sorted(flags.items())], indent=2))
+        return EXIT_OK
+    try:
+        if not files.team.is_dir():
+            raise team.TeamError(f"thread {thread}: no person is in command of it (agent "
+                                 f"{paths.agent} has no team files in {files.team})")
+        with files.locked():
+            moved = files.clear(thread)
+    except team.TeamError as exc:
+        held = sorted(files.flags()) if files.command_dir.is_dir() else []
+        _say(f"{exc} (in command: {', '.join(held) or 'none'})", agent=paths.agent)
+        return EXIT_ERROR
+    except OSError as exc:
+        _say(f"cannot clear thread {thread}: {exc} (the person's action: run it as the "
+             f"runner's user, uid {paths.state.stat().st_uid if paths.state.exists() else '?'})",
+             agent=paths.agent)
+        return EXIT_ERROR
+    _say(f"cleared the person-in-command flag of thread {thread}; "
+         f"{len(moved)} paused hand-off(s) back in the inbox in their order"
+         + (f": {', '.join(p.name for p in moved)}" if moved else ""), agent=paths.agent)
     return EXIT_OK
 
 
@@ -95,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clear-denial", metavar="PERMISSION",
                    help="clear the standing denial of PERMISSION (as listed; 'all': every "
                         "one) so new tasks start again, and exit")
+    p.add_argument("--list-commands", action="store_true",
+                   help="print the threads a person is in command of (with their paused "
+                        "hand-offs) as JSON, and exit")
+    p.add_argument("--clear-command", metavar="THREAD",
+                   help="the person's action: clear the person-in-command flag of THREAD, so "
+                        "its paused hand-offs resume in their order, and exit")
     p.add_argument("--show-prefix", action="store_true",
                    help="print the prompt prefix and its estimated tokens as JSON, and exit")
     return p
@@ -149,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                         notify=args.notify_spool)
     if args.list_denials or args.clear_denial:
         return _denials(paths, args.clear_denial)
+    if args.list_commands or args.clear_command:
+        return _command(paths, args.clear_command)
     refusal = not_root_refusal(args.agent_user) if args.agent_user else None
     if refusal:  # before the lock: a non-root runner may not even reach root's state
         _say(refusal)

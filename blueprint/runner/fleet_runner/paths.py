@@ -21,6 +21,7 @@ Defaults, each overridable on the command line (tests point them at temporary di
         sync-in-progress.json              a sync under way in it (reposync.py)
         sync-leftover.json                 what the last task left uncommitted (reposync.py)
         runs/<task>/                       the task's sentinel, run records, prompts, output
+        team/                              the team's files: flags, paused hand-offs (team.py)
         lock                               held while a runner serves this agent
     <root>/workspace/<agent>/              the agent's working directory, mode 0700 (--workspace)
 """
@@ -128,6 +129,11 @@ class AgentPaths:
         """The remote branch's commit at the last sync that went through (reposync.py): out
         of the agent's reach, unlike the workspace's remote-tracking ref."""
         return self.state / "sync-upstream.json"
+
+    @property
+    def team(self) -> Path:
+        """The team's files: ``command/``, ``paused/``, ``refused.jsonl`` ... (team.py)."""
+        return self.state / "team"
 
     @property
     def lock(self) -> Path:

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -749,6 +749,35 @@ def scan(files: TeamFiles, entries: Sequence[tuple[Path, bytes | None]],
     for record in plan.refused:
         files.record_refused(record)
     return plan, [by_name[n] for n in plan.first]
+
+
+def take_command(files: TeamFiles, *, log: Callable[[str], None], release: Path, outbox: Path,
+                 agent: str, clear_hint: Callable[[str], str]) -> list[Path]:
+    """The loop's first act at each step, before anything else runs: finish clears cut short,
+    scan ``processing/`` and the inbox, set flags, pause, record; then say the one line of
+    each flag newly set (logged, and posted to the thread's channel). Returns the person
+    messages to take first, in order. ``clear_hint(thread)`` is the person's command."""
+    with files.locked():
+        files.finish_clears()
+        entries = [*inbox_entries(files.processing), *inbox_entries(files.inbox)]
+        plan, first = scan(files, entries)
+    for thread in plan.finish_clears:
+        log(f"thread {thread}: finished a clear cut short; its paused hand-offs are back in "
+            "the inbox in their order")
+    for record in plan.refused:
+        log(f"thread {record['thread']}: refused ({record['what']}): {record['reason']}")
+    for name, thread in plan.pause:
+        log(f"thread {thread}: {name} paused (a person is in command)")
+    for flag in plan.announce:
+        line = command_line(flag)
+        log(f"{line}; to clear: {clear_hint(flag.thread)}")
+        posted = post_line(release=release, outbox=outbox, agent=agent,
+                           task=flag.by_message or flag.thread, channel=flag.channel,
+                           text=line)
+        if posted["error"]:
+            log(f"thread {flag.thread}: the in-command line was posted via {posted['via']} "
+                f"({posted['error']})")
+    return first
 
 
 def post_line(*, release: Path, outbox: Path, agent: str, task: str, channel: str | None,
