@@ -386,7 +386,7 @@ def _team_item(name: str, obj: dict[str, Any]) -> Item:
     fleet = meta.get("fleet") if isinstance(meta, dict) else None
     if not isinstance(thread, str) or not thread or not isinstance(fleet, dict):
         return Item(name=name, thread=None)
-    kind = fleet.get("type") if fleet.get("type") in ("handoff", "result") else "handoff"
+    kind = "result" if fleet.get("type") == "result" else "handoff"
     producer = fleet.get("producer")
     sender = producer.get("agent") if isinstance(producer, dict) else None
     texts = []
