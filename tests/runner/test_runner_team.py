@@ -358,3 +358,26 @@ def test_a_clear_plans_strictly_increasing_times_in_order_and_the_same_twice(mti
     # A redo after the times were set (a crash between) plans the same ones.
     again = team.plan_clear("t", [(name, t) for name, _, t in plan.moves])
     assert again == plan
+
+
+def test_a_refused_hop_reaches_the_person_once_per_root_task(tmp_path):
+    """Retries and a new runner refuse the hop again: each refusal is recorded, one message
+    goes out (the notify CLI missing here: the runner's own fallback file in the spool)."""
+    spool = tmp_path / "notify"
+    for attempt in range(3):
+        files = team.TeamFiles(tmp_path / "state", tmp_path / "state" / "inbox")
+        sent = team.escalate_hop_budget(
+            files, release=tmp_path / "no-release", spool=spool, agent="engineer", task="h6",
+            root_task="m1", producer="engineer", consumer="reviewer", hops=7, budget=6,
+            handoff="h7")
+        assert (sent is None) is (attempt > 0)
+    [message] = [json.loads(p.read_text()) for p in spool.glob("*.json")]
+    assert message["kind"] == "hop-budget" and message["task"] == "h6"
+    for word in ("root task m1", "h7", "engineer", "reviewer", "hop 7", "budget of 6"):
+        assert word in message["reason"]
+    refused = [json.loads(ln) for ln in files.refused.read_text().splitlines()]
+    assert [r["what"] for r in refused] == ["hop-budget"] * 3
+    # Another root task between the same agents is its own.
+    assert team.escalate_hop_budget(
+        files, release=tmp_path / "no-release", spool=spool, agent="engineer", task="h9",
+        root_task="m2", producer="engineer", consumer="reviewer", hops=7, budget=6) is not None

@@ -780,6 +780,29 @@ def take_command(files: TeamFiles, *, log: Callable[[str], None], release: Path,
     return first
 
 
+def escalate_hop_budget(files: TeamFiles, *, release: Path, spool: Path, agent: str,
+                        task: str, root_task: str, producer: str, consumer: str, hops: int,
+                        budget: int, handoff: str | None = None) -> dict[str, Any] | None:
+    """A refused hop: recorded in ``refused.jsonl`` every time, and the one message per root
+    task sent if it is still due (:meth:`TeamFiles.hop_escalation_due`). Returns the
+    escalation's ``{"via", "id", "error"}``, or ``None`` when it was sent already."""
+    from fleet_runner.escalate import escalate
+
+    reason = hop_text(root_task=root_task, producer=producer, consumer=consumer, hops=hops,
+                      budget=budget, task=handoff)
+    record = {"time": time.time(), "what": HOP_BUDGET, "task": task, "root_task": root_task,
+              "handoff": handoff, "producer": producer, "consumer": consumer, "hops": hops,
+              "hop_budget": budget, "reason": reason}
+    files.record_refused(record)
+    if not files.hop_escalation_due(root_task, record):
+        return None
+    sent = escalate(release=release, spool=spool, env=os.environ, agent=agent, task=task,
+                    kind=HOP_BUDGET, failures=0, reason=reason, detail="")
+    if sent.get("via"):
+        files.hop_escalated(root_task, sent)
+    return sent
+
+
 def post_line(*, release: Path, outbox: Path, agent: str, task: str, channel: str | None,
               text: str) -> dict[str, Any]:
     """Post one line to ``channel`` with the release's ``reply`` CLI (not recorded as the
