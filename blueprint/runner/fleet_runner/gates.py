@@ -38,12 +38,22 @@ words are never a success signal.
     Skipped when ``writes`` is unset. The runner then undoes what is outside
     (:mod:`fleet_runner.undo`), before the checks run: they judge what is left, and their
     feedback never names a file that is gone.
+``claims``
+    claimed versus actual: the files the agent's result file (``$FLEET_RESULT``,
+    :mod:`fleet_runner.claims`) says it touched must be exactly the files the task changed
+    (the same snapshots as ``scope``, the checks' leftovers taken out, and in a git
+    repository what its commits since the baseline changed); fails listing both
+    differences, claimed but not changed and changed but not claimed. The role's ``claims``
+    key: ``checked`` (the default: judged when the result states files), ``required`` (a
+    result that states none fails), ``off``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +68,7 @@ from fleet_runner.checkparse import (
     strip_ansi,
     workspace_keys,
 )
+from fleet_runner.claims import RESULT_ENV, StatedResult
 from fleet_runner.invoke import Invocation, run_in_group
 from fleet_runner.records import head_text, tail_text
 from fleet_runner.scope import compile_scope
@@ -86,7 +97,7 @@ class GateResult:
     """The outcome of one gate.
 
     Attributes:
-        name: ``"run"``, ``"check"``, ``"anti-silence"`` or ``"scope"``.
+        name: ``"run"``, ``"check"``, ``"anti-silence"``, ``"scope"`` or ``"claims"``.
         status: ``"pass"``, ``"fail"`` or ``"skip"``.
         summary: one line saying why.
         output: the raw output behind the result (fed back to the agent on failure).
@@ -504,3 +515,127 @@ def scope_gate(writes: Sequence[str] | None, changes: Changes, *,
                + ", ".join(listed[:3]) + (" ..." if len(listed) > 3 else "")) if outside else \
         f"the commits made during the task could not be read: {commit_error}"
     return GateResult("scope", FAIL, summary, head_text(text, OUTPUT_MAX_BYTES), details)
+
+
+def shown_path(path: str) -> str:
+    """``path`` as a JSON string, the form a result file takes it in: quoted, a control
+    character, a line or paragraph separator and a byte that is not UTF-8 (``\\udcXX``)
+    escaped, other text as it is."""
+    out = []
+    for ch in json.dumps(path, ensure_ascii=False):
+        code = ord(ch)
+        if 0xD800 <= code <= 0xDFFF or not (ch.isprintable() or ch == " "):
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _claim_hint(path: str, unclaimed: Sequence[str]) -> str:
+    """Why a claimed path may match no change: a directory, or a name that differs from a
+    changed one only by its Unicode form or its case."""
+    under = [p for p in unclaimed if p.startswith(path + "/")]
+    if under:
+        return (f" (a directory: claim the files in it, {len(under)} changed: "
+                + ", ".join(map(shown_path, under[:3])) + (" ..." if len(under) > 3 else "") + ")")
+    form = unicodedata.normalize("NFC", path)
+    for other in unclaimed:
+        if other != path and unicodedata.normalize("NFC", other) == form:
+            return (f" (the file that changed is {shown_path(other)}: the same letters in "
+                    "another Unicode form, a different name)")
+    for other in unclaimed:
+        if other.casefold() == path.casefold():
+            return f" (the file that changed is {shown_path(other)}: names differ in case)"
+    return ""
+
+
+def claims_gate(result: StatedResult | None, changes: Changes,
+                committed: Sequence[str] | None = None, *, required: bool = False,
+                error: str | None = None, commit_error: str | None = None,
+                result_file: str = "$" + RESULT_ENV) -> GateResult:
+    """The ``claims`` gate: the files the agent's result claims (:mod:`fleet_runner.claims`)
+    must be exactly the files the task changed.
+
+    Args:
+        result: what the result file states, or ``None`` (the agent wrote none).
+        changes: what the task changed in the workspace (baseline → after this attempt,
+            the checks' leftovers taken out).
+        committed: the paths the commits made since the baseline changed, or ``None`` (not
+            a git repository).
+        required: the role's ``claims: required``: a result that states no files fails.
+        error: why the result file cannot be used (:class:`fleet_runner.claims.ClaimError`),
+            or ``None``.
+        commit_error: why the commits could not be read (the gate then fails), or ``None``.
+        result_file: the result file's path, named in the feedback.
+
+    Changed is every path added, modified or removed, or changed by the commits; the gate
+    passes when that set and the claimed one are equal, else it fails listing both
+    differences (``details``: ``claimed_not_changed``, ``changed_not_claimed``, each up to
+    :data:`LIST_MAX`, with their counts). Skipped when the result states no files and the
+    claim is not required.
+    """
+    how = (f"Write the result file {result_file} as one JSON object, "
+           '{"state": "completed", "summary": "...", "files": ["src/a.py", ...]}, listing in '
+           '"files" every file this task added, modified or removed in the workspace '
+           "(relative to it; since the task started, earlier attempts and commits included; "
+           "both names of a renamed file; a removed file too), and only those.\n")
+    if error:
+        return GateResult("claims", FAIL, f"the result file cannot be used: {error}",
+                          f"The result file cannot be used: {error}\n{how}",
+                          {"error": error, "required": required})
+    if result is None or result.files is None:
+        what = "no result file" if result is None else "a result that states no files"
+        if not required:
+            return GateResult("claims", SKIP, f"{what}: no claim to check",
+                              details={"required": False})
+        return GateResult("claims", FAIL, f"{what}, and this role requires the files to be "
+                          "claimed", f"The runner found {what}: this role requires every run "
+                          f"to state the files it changed.\n{how}", {"required": True})
+    kinds: dict[str, list[str]] = {}
+    for kind, paths in (("added", changes.added), ("modified", changes.modified),
+                        ("removed", changes.removed), ("committed", committed or ())):
+        for path in paths:
+            kinds.setdefault(path, []).append(kind)
+    claimed = set(result.files)
+    false_claims = sorted(claimed - kinds.keys())
+    unclaimed = sorted(kinds.keys() - claimed)
+    listed_false = [shown_path(p) + _claim_hint(p, unclaimed) for p in false_claims]
+    listed_unclaimed = [f"{shown_path(p)} ({', '.join(kinds[p])})" for p in unclaimed]
+    details: dict[str, Any] = {
+        "required": required, "claimed": len(claimed), "changed": len(kinds),
+        "committed": None if committed is None else len(committed),
+        "claimed_not_changed": listed_false[:LIST_MAX],
+        "claimed_not_changed_count": len(false_claims),
+        "changed_not_claimed": listed_unclaimed[:LIST_MAX],
+        "changed_not_claimed_count": len(unclaimed)}
+    if commit_error:
+        details["commit_error"] = commit_error
+    if not false_claims and not unclaimed and not commit_error:
+        return GateResult("claims", PASS, f"the {len(claimed)} claimed file(s) are the files "
+                          "the task changed", "", details)
+    text = ("The files your result claims are not the files this task changed (paths "
+            "relative to the workspace, as JSON strings).\n")
+    text += f"Claimed but not changed ({len(false_claims)}):\n" + (
+        "".join(f"  {line}\n" for line in listed_false) or "  (none)\n")
+    text += f"Changed but not claimed ({len(unclaimed)}):\n" + (
+        "".join(f"  {line}\n" for line in listed_unclaimed) or "  (none)\n")
+    if false_claims:
+        text += ("A claimed file counts as changed only when its content, mode or kind "
+                 "differs from the start of the task: an edit that failed, or one undone "
+                 "later, is no change. Make the change, or drop the claim.\n")
+    if commit_error:
+        text += f"The commits made during the task could not be read: {commit_error}\n"
+    text += how
+    parts = []
+    if false_claims:
+        parts.append(f"{len(false_claims)} claimed but not changed: "
+                     + ", ".join(map(shown_path, false_claims[:3]))
+                     + (" ..." if len(false_claims) > 3 else ""))
+    if unclaimed:
+        parts.append(f"{len(unclaimed)} changed but not claimed: "
+                     + ", ".join(map(shown_path, unclaimed[:3]))
+                     + (" ..." if len(unclaimed) > 3 else ""))
+    if commit_error:
+        parts.append(f"the commits made during the task could not be read: {commit_error}")
+    return GateResult("claims", FAIL, "; ".join(parts), head_text(text, OUTPUT_MAX_BYTES),
+                      details)
