@@ -11,6 +11,11 @@ A message file (UTF-8 JSON object)::
       "thread": "slack:C042:1732940000.0001"       optional; the thread (A2A contextId) it is
     }                                                  in: the id rule; default its own id
 
+A file whose ``kind`` is ``"task"`` is a hand-off or a result (:mod:`fleet_runner.handoff`,
+an A2A Task) that :func:`fleet_runner.teamstate.receive` dropped: it is parsed by those rules
+and becomes a message from an agent (the producer), with the brief (or the result's summary)
+as its text, the thread's channel as its channel, and the parsed file in ``team``.
+
 Other keys are kept and ignored. An id is 1 to 128 characters of letters, digits and
 ``._:@+-``, starting with a letter or digit, checked on the whole value; it names files only
 in its encoded form (:func:`fleet_runner.names.encode_name`: ``:`` would split the agent's
@@ -80,6 +85,8 @@ class Message:
         raw: the whole JSON object as received.
         thread: the thread it is in (an A2A ``contextId``; hand-offs of the team carry it):
             its ``thread`` key, by default (and when built without one) its own id.
+        team: the parsed hand-off or result (:mod:`fleet_runner.handoff`), or ``None`` for a
+            plain message.
     """
 
     id: str
@@ -90,6 +97,7 @@ class Message:
     reply_to: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     thread: str = ""
+    team: Any = None
 
     def __post_init__(self) -> None:
         if not self.thread:
@@ -113,6 +121,8 @@ def parse_message(data: bytes) -> Message:
         raise MessageError(f"not UTF-8 JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise MessageError("not a JSON object")
+    if obj.get("kind") == "task":
+        return _team_message(data, obj)
     mid = obj.get("id")
     if not isinstance(mid, str) or not _ID.fullmatch(mid):
         raise MessageError("id: required, 1-128 of letters, digits and ._:@+- "
@@ -151,6 +161,23 @@ def parse_message(data: bytes) -> Message:
             raise MessageError(f"{key}: {why}")
     return Message(id=mid, sender_kind=sender["kind"], sender_name=name, channel=channel or None,
                    text=text, reply_to=reply_to, raw=obj, thread=thread or mid)
+
+
+def _team_message(data: bytes, obj: dict[str, Any]) -> Message:
+    """A hand-off or result file as a message from its producer."""
+    from fleet_runner import handoff  # handoff imports this module (the id rule)
+
+    try:
+        parsed = handoff.parse_team_file(data)
+    except handoff.HandoffError as exc:
+        raise MessageError(f"a hand-off or result refused ({exc.code}): {exc.text}") from None
+    if isinstance(parsed, handoff.Handoff):
+        return Message(id=parsed.id, sender_kind=AGENT, sender_name=parsed.producer.agent,
+                       channel=parsed.channel, text=parsed.brief, raw=obj, team=parsed,
+                       thread=parsed.thread)
+    return Message(id=parsed.id, sender_kind=AGENT, sender_name=parsed.producer.agent,
+                   channel=parsed.channel, text=parsed.summary, reply_to=parsed.id, raw=obj,
+                   team=parsed, thread=parsed.thread)
 
 
 def read_message_file(path: Path) -> bytes:

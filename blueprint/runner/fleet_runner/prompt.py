@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet_runner.gates import GateResult, reply_command
+from fleet_runner.handoff import Handoff, Result
 from fleet_runner.inbox import Message
 from fleet_runner.records import head_text
 
@@ -25,6 +26,29 @@ def anti_silence_instruction(task: str, channel: str | None) -> str:
     return ("IMPORTANT: a person is waiting for an answer. Your final text is NOT delivered to "
             "anyone: the person sees only what you send with the reply CLI. Send your answer "
             f"with: {reply_command(task, channel)}")
+
+
+def team_lines(team: Handoff | Result) -> list[str]:
+    """The prompt's header and text for a hand-off (the brief, what is expected back, the
+    deadline, who asks) or a result (its state, summary and claimed files)."""
+    chain = (f"thread {team.thread}, root task {team.root_task}, hop {team.hops} of "
+             f"{team.hop_budget}")
+    where = f"; the person's channel is {team.channel}" if team.channel else ""
+    if isinstance(team, Handoff):
+        return [f"From: agent {team.producer.agent} on host {team.producer.host}: a hand-off "
+                f"({chain}{where})",
+                f"Expected back: {team.expected}",
+                f"Deadline: {team.deadline}",
+                f"When you finish, the runner sends your result back to "
+                f"{team.producer.agent}; say what you found or did in your final summary.",
+                "Brief:\n" + team.brief]
+    files = ", ".join(team.files) if team.files else "(none)"
+    return [f"From: agent {team.producer.agent} on host {team.producer.host}: the result of "
+            f"your hand-off {team.id} ({chain}{where})",
+            f"State: {team.state}" + (f" (its runner's outcome: {team.outcome})"
+                                      if team.outcome else ""),
+            f"Files it says it touched: {files}",
+            "Summary:\n" + team.summary]
 
 
 def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
@@ -55,10 +79,13 @@ def build_task_prompt(message: Message, attempt: int, max_attempts: int, *,
     """
     sender = f"{message.sender_kind} {message.sender_name}"
     where = f" in channel {message.channel}" if message.channel else ""
-    parts = [f"## Task {message.id} (attempt {attempt} of {max_attempts})",
-             f"From: {sender}{where}"
-             + (f" (in reply to {message.reply_to})" if message.reply_to else ""),
-             "Message:\n" + message.text]
+    parts = [f"## Task {message.id} (attempt {attempt} of {max_attempts})"]
+    if message.team is not None:
+        parts.extend(team_lines(message.team))
+    else:
+        parts.extend([f"From: {sender}{where}"
+                      + (f" (in reply to {message.reply_to})" if message.reply_to else ""),
+                      "Message:\n" + message.text])
     if message.human and not replied:
         parts.append(anti_silence_instruction(message.id, message.channel))
     elif message.human:
