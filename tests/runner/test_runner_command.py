@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from tests.helpers import wait_until
 from tests.runner.test_runner import REPO, make_fleet  # noqa: F401  (make_fleet: a fixture)
 from tests.runner.test_runner_clis import _as_user, needs_root, open_base  # noqa: F401
 from tests.runner.test_runner_users import _two_users
@@ -115,3 +116,78 @@ def test_an_agent_cannot_clear_a_persons_command(real_users, open_base, make_fle
     cleared = _cli(fleet, "--clear-command", "t1")  # the person, as the runner's user
     assert cleared.returncode == 0, cleared.stderr
     assert not flag.exists()
+
+
+def _person(fleet, mid: str, thread: str, text: str = "Stop, I will take it from here.") -> None:
+    inbox = fleet.state / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    tmp = inbox / f".{mid}"
+    tmp.write_text(json.dumps({"id": mid, "thread": thread, "channel": "#support",
+                               "from": {"kind": "human", "name": "alice"}, "text": text}))
+    os.rename(tmp, inbox / f"{time.time_ns()}-{mid}.json")
+
+
+def _in_command_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if "is in command of thread" in ln]
+
+
+def test_a_person_speaking_into_a_thread_takes_command_before_anything_runs(make_fleet):
+    """An agent's item of thread m1 waits, an older message of another thread too; the person
+    speaks into m1. The flag is set first, m1's item paused, the person's message runs first,
+    the other thread next; one line says so (logged and posted), and a second run of the
+    runner, with more of m1 arriving, says nothing again and pauses it behind. The person's
+    clear resumes them in their order."""
+    fleet = make_fleet("replier")
+    _agent_message(fleet, "x1", "other")
+    _agent_message(fleet, "a1", "m1")
+    _person(fleet, "m2", "m1")
+    done = fleet.run()
+    assert done.returncode == 0, done.stderr
+    assert [e["task"] for e in fleet.events("start")] == ["m2", "x1"]
+    [line] = _in_command_lines(done.stderr)
+    assert "alice is in command of thread m1 (message m2)" in line
+    assert "--clear-command m1" in line  # the person's action, ready to paste
+    posted = [m for m in fleet.outbox() if "is in command" in m["text"]]
+    assert [(m["channel"], m["task"]) for m in posted] == [("#support", "m2")]
+    flag = json.loads((fleet.state / "team" / "command" / "m1.json").read_text())
+    assert (flag["by_message"], flag["person"], flag["channel"]) == ("m2", "alice", "#support")
+    paused = fleet.state / "team" / "paused" / "m1"
+    assert [n.split("-", 1)[0] for n in sorted(os.listdir(paused))] == ["000001"]
+    # More of the thread arrives, the runner starts again: paused behind, no second line.
+    _agent_message(fleet, "a3", "m1")
+    again = fleet.run()
+    assert again.returncode == 0, again.stderr
+    assert _in_command_lines(again.stderr) == []
+    assert len([e for e in fleet.events("start")]) == 2
+    assert len(os.listdir(paused)) == 2
+    cleared = _cli(fleet, "--clear-command", "m1")
+    assert cleared.returncode == 0, cleared.stderr
+    resumed = fleet.run()
+    assert resumed.returncode == 0, resumed.stderr
+    assert [e["task"] for e in fleet.events("start")] == ["m2", "x1", "a1", "a3"]
+
+
+def test_a_person_who_speaks_while_a_task_runs_is_not_lost(make_fleet):
+    """The failure of an interrupt path that popped the person's message and lost it when the
+    agent finished on its own: here the message is a file until it runs. While an agent item
+    of the thread runs, the person speaks and another agent item of the thread arrives: the
+    person's message is the next run, the agent's item waits paused."""
+    fleet = make_fleet("waits")
+    _agent_message(fleet, "a1", "m1")
+    runner = fleet.start()
+    try:
+        fleet.wait_for("start")
+        _agent_message(fleet, "a2", "m1")
+        _agent_message(fleet, "x1", "other")
+        _person(fleet, "m3", "m1")
+        fleet.log.with_name(fleet.log.name + ".go").touch()  # a1 may finish now
+        wait_until(lambda: fleet.where("x1") in (["done"], ["failed"])
+                   and not os.listdir(fleet.state / "inbox"), 60, poll_s=0.05,
+                   what="x1 finished and the inbox empty")
+    finally:
+        runner.terminate()
+        out, err = runner.communicate(timeout=60)
+    assert [e["task"] for e in fleet.events("start")] == ["a1", "m3", "x1"]
+    assert len(_in_command_lines(err)) == 1
+    assert [n for n in os.listdir(fleet.state / "team" / "paused" / "m1")][0].endswith(
+        "-a2.json")

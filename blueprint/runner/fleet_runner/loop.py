@@ -62,6 +62,7 @@ from fleet_runner import (
     sendproof,
     standing,
     stateowner,
+    team,
 )
 from fleet_runner.agentresult import read_agent_report
 from fleet_runner.config import AgentConfig, ConfigError, check_servable, load_config
@@ -444,12 +445,15 @@ class Runner:
         A message that cannot be read or moved into ``processing/`` (an ``OSError``) is left in
         the inbox for the next scan, and the next message is taken.
         """
+        first = self._take_command()  # before anything else: a person may be in command
         held = standing.standing(self.paths.standing_denials)
         if held:
             self._note_held(held)
             return False
         self._held = ""
         pending = self.spool.pending()
+        if first:  # the person's message is the next run's input
+            pending = [*first, *(p for p in pending if p not in first)]
         names = {p.name for p in pending}
         for name in [n for n in self._unreadable if n not in names]:
             del self._unreadable[name]  # gone or taken: forget it
@@ -481,7 +485,23 @@ class Runner:
                 return True
         return False
 
-    def _clear_command(self, permission: str = "PERMISSION") -> str:
+    def _take_command(self) -> list[Path]:
+        """Set a person's flag and pause its thread's agent items (team.py), before anything
+        else runs; return the person messages to take first. A failure to do so now (an
+        ``OSError``) is logged and takes nothing first (the next look tries again)."""
+        files = team.TeamFiles(self.paths.state, self.paths.inbox, self.paths.processing)
+        try:
+            return team.take_command(
+                files, log=self.log, release=Path(os.path.realpath(self.paths.release)),
+                outbox=self.paths.outbox, agent=self.paths.agent,
+                clear_hint=lambda thread: self._clear_command(thread, "--clear-command"))
+        except OSError as exc:
+            self.log(f"cannot read or write the team's files in {files.team}: {exc}; a "
+                     "person's command of a thread is not checked until it can be")
+            return []
+
+    def _clear_command(self, permission: str = "PERMISSION",
+                       option: str = "--clear-denial") -> str:
         """The command that clears the standing denial of ``permission`` (by default the
         placeholder ``PERMISSION``), ready to paste: the runner by its full path in the release
         in use (``fleet-runner`` is on no one's PATH on a host, and ``fleetctl status`` shows
@@ -491,7 +511,7 @@ class Runner:
                 os.fspath(self.paths.root)]
         if self.paths.state != self.paths.root / "state" / self.paths.agent:
             argv += ["--state-dir", os.fspath(self.paths.state)]
-        return shlex.join([*argv, "--clear-denial", permission])
+        return shlex.join([*argv, option, permission])
 
     def _note_held(self, held: list[dict[str, Any]]) -> None:
         """Log once per set of standing denials that new tasks wait for a person."""
@@ -528,6 +548,7 @@ class Runner:
         Raises:
             RunnerError: the config or the release is broken (the message stays in processing/).
         """
+        self._take_command()  # what a stopped runner left in processing/ may be paused
         self.recover()
         while not self.stop_reason:
             if self.step():
